@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install the Debian packages reloadd's tests, demo and benchmarks start for real:
+# a private containerd, docker-registry and skopeo, etcd. Idempotent: installs only what is missing.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+need=()
+for pkg in containerd docker-registry skopeo etcd-server openssl curl python3-venv; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# The packages start system-wide services; reloadd's tests never use them, so keep them off.
+for svc in containerd docker-registry etcd; do
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$svc" 2>/dev/null; then
+    systemctl stop "$svc" || true
+  fi
+done

@@ -1,0 +1,127 @@
+"""The consumer plug-in contract.
+
+A plugin is a distribution that declares, in the ``reloadd.consumers`` entry-point
+group, a *factory*: a callable taking a :class:`ConsumerContext` and returning an
+object satisfying :class:`Consumer`. Built-in plugins are registered exactly the
+same way::
+
+    [project.entry-points."reloadd.consumers"]
+    exec = "reloadd_exec:create"
+
+The engine owns everything around ``handle``: settling, de-duplication, one batch
+in flight per path, retries with backoff, persistence of acknowledged fingerprints
+and of the consumer's own per-path data.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from ._types import Batch, PathRecord, Result
+
+__all__ = ["BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory"]
+
+
+@runtime_checkable
+class Consumer(Protocol):
+    """What the engine needs from a consumer.
+
+    Attributes:
+        name: The consumer's configured name (unique in a reloader).
+        roots: Files or directories to watch. Directories are watched recursively.
+        content_digest: When true (the default in :class:`BaseConsumer`), a change
+            where only times moved is checked against a SHA-256 of the content and
+            dropped if equal. Consumers of multi-GB files may set it false.
+        concurrency: How many batches may be in flight at once.
+    """
+
+    name: str
+    roots: Sequence[Path]
+    content_digest: bool
+    concurrency: int
+
+    def accepts(self, path: Path) -> bool:
+        """Whether ``path`` (a regular file under a root) is this consumer's business."""
+        ...
+
+    async def start(self) -> None:
+        """Connect to whatever the consumer drives; called once before any batch."""
+        ...
+
+    async def handle(self, batch: Batch) -> Mapping[Path, Result]:
+        """Act on a batch; return a result per path.
+
+        A path missing from the returned mapping counts as acknowledged with its
+        previous data kept. Raising marks every path of the batch for retry.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release resources; called once on shutdown."""
+        ...
+
+
+@dataclass
+class ConsumerContext:
+    """Everything a factory gets to build a consumer.
+
+    Attributes:
+        name: The consumer's configured name.
+        paths: The ``paths`` of its ``[[consumer]]`` table, absolute.
+        options: The raw ``[consumer.options]`` table; validate it with
+            :class:`reloadd.Options`.
+        state_dir: A private directory (0700) for the consumer's own files.
+        records: What the engine remembers per path (read-only view, kept current).
+        trigger: Ask the engine to hand over these paths again, forced
+            (``None`` means every path the consumer owns).
+        logger: The consumer's logger (``reloadd.consumer.<name>``).
+        config_file: The configuration file, for error messages.
+    """
+
+    name: str
+    paths: tuple[Path, ...]
+    options: Mapping[str, Any]
+    state_dir: Path
+    records: Mapping[Path, PathRecord] = field(default_factory=dict)
+    trigger: Callable[[Iterable[Path] | None], None] = lambda paths: None
+    logger: logging.Logger = field(default_factory=lambda: logging.getLogger("reloadd.consumer"))
+    config_file: Path | None = None
+
+
+ConsumerFactory = Callable[[ConsumerContext], Consumer]
+"""The object an entry point in ``reloadd.consumers`` names."""
+
+
+class BaseConsumer:
+    """Convenience base: defaults for everything but :meth:`handle`.
+
+    Subclasses set ``name`` and ``roots`` (usually from the context) and override
+    :meth:`accepts`, :meth:`start` and :meth:`close` as needed.
+    """
+
+    content_digest: bool = True
+    concurrency: int = 1
+
+    def __init__(self, ctx: ConsumerContext) -> None:
+        self.ctx = ctx
+        self.name = ctx.name
+        self.roots: Sequence[Path] = ctx.paths
+        self.log = ctx.logger
+
+    def accepts(self, path: Path) -> bool:
+        """Accept every file; override to narrow."""
+        return True
+
+    async def start(self) -> None:
+        """Nothing to connect to by default."""
+
+    async def handle(self, batch: Batch) -> Mapping[Path, Result]:
+        """Subclasses must implement this."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Nothing to release by default."""

@@ -1,0 +1,147 @@
+"""Typed, strict reading of TOML tables: every key checked, unknown keys rejected."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ._errors import ConfigError
+
+__all__ = ["Options", "parse_duration"]
+
+T = TypeVar("T")
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+
+
+def parse_duration(value: object, where: str) -> float:
+    """Parse ``"200ms"``, ``"15s"``, ``"1.5m"``, ``"2h"`` (or a bare number of seconds).
+
+    Returns:
+        Seconds as a float.
+
+    Raises:
+        ConfigError: naming ``where`` when the value is not a non-negative duration.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a duration like \"200ms\" or \"15s\", got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ConfigError(f"{where}: duration must not be negative, got {value!r}")
+        return float(value)
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return float(m.group(1)) * _UNITS[m.group(2)]
+    raise ConfigError(f"{where}: expected a duration like \"200ms\" or \"15s\", got {value!r}")
+
+
+_TYPE_NAMES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number"}
+
+
+class Options:
+    """Read a TOML table key by key, with types checked and unknown keys rejected.
+
+    Example:
+        >>> opts = Options({"address": "/run/x.sock", "workers": 2}, where="consumer 'img' options")
+        >>> opts.str("address")
+        '/run/x.sock'
+        >>> opts.int("workers", default=1)
+        2
+        >>> opts.finish()
+
+    Args:
+        table: The table as parsed from TOML.
+        where: How to name the table in error messages (include the file name).
+    """
+
+    def __init__(self, table: Mapping[str, Any], where: str) -> None:
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}: expected a table, got {type(table).__name__}")
+        self._table = dict(table)
+        self._seen: set[str] = set()
+        self.where = where
+
+    def _get(self, key: str, kinds: tuple[type, ...], default: Any, required: bool) -> Any:
+        self._seen.add(key)
+        if key not in self._table:
+            if required:
+                raise ConfigError(f"{self.where}: missing required key {key!r}")
+            return default
+        value = self._table[key]
+        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+        if not ok:
+            expected = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+            raise ConfigError(
+                f"{self.where}: key {key!r} must be {expected}, got {type(value).__name__} {value!r}"
+            )
+        return value
+
+    def has(self, key: str) -> bool:
+        """Whether the table sets ``key`` (marks it as known)."""
+        self._seen.add(key)
+        return key in self._table
+
+    def str(self, key: str, default: str | None = None, *, required: bool = False) -> Any:
+        """A string value (``default`` when absent)."""
+        return self._get(key, (str,), default, required)
+
+    def bool(self, key: str, default: bool = False) -> bool:
+        """A boolean value."""
+        return bool(self._get(key, (bool,), default, False))
+
+    def int(self, key: str, default: int | None = None, *, minimum: int | None = None) -> Any:
+        """An integer value, optionally at least ``minimum``."""
+        value = self._get(key, (int,), default, False)
+        if value is not None and minimum is not None and value < minimum:
+            raise ConfigError(f"{self.where}: key {key!r} must be at least {minimum}, got {value}")
+        return value
+
+    def duration(self, key: str, default: float | None = None) -> Any:
+        """A duration string such as ``"500ms"``, returned in seconds."""
+        self._seen.add(key)
+        if key not in self._table:
+            return default
+        return parse_duration(self._table[key], f"{self.where}: key {key!r}")
+
+    def path(self, key: str, default: str | Path | None = None, *, base: Path | None = None) -> Any:
+        """A filesystem path; relative paths are resolved against ``base`` when given."""
+        raw = self._get(key, (str,), None if default is None else str(default), False)
+        if raw is None:
+            return None
+        p = Path(raw).expanduser()
+        if not p.is_absolute() and base is not None:
+            p = base / p
+        return p
+
+    def str_list(self, key: str, default: Sequence[str] = ()) -> list[str]:
+        """A list of strings."""
+        value = self._get(key, (list,), list(default), False)
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ConfigError(
+                    f"{self.where}: key {key!r}[{i}] must be a string, got {type(item).__name__} {item!r}"
+                )
+        return list(value)
+
+    def table(self, key: str) -> dict[str, Any]:
+        """A sub-table (empty when absent)."""
+        return dict(self._get(key, (dict,), {}, False))
+
+    def choice(self, key: str, choices: Sequence[str], default: str) -> str:
+        """A string restricted to ``choices``."""
+        value = self.str(key, default)
+        if value not in choices:
+            raise ConfigError(
+                f"{self.where}: key {key!r} must be one of {', '.join(map(repr, choices))}, got {value!r}"
+            )
+        return str(value)
+
+    def finish(self) -> None:
+        """Raise :class:`ConfigError` if the table has keys nobody asked for."""
+        unknown = sorted(set(self._table) - self._seen)
+        if unknown:
+            raise ConfigError(f"{self.where}: unknown key(s) {', '.join(map(repr, unknown))}")

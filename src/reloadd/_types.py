@@ -1,0 +1,162 @@
+"""Values handed between the engine and consumers: changes, batches and results."""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeAlias, Union
+
+__all__ = [
+    "Ack",
+    "Batch",
+    "Change",
+    "ChangeKind",
+    "Fingerprint",
+    "JSONValue",
+    "PathRecord",
+    "Reason",
+    "Reject",
+    "Result",
+    "Retry",
+]
+
+JSONValue: TypeAlias = Any
+"""Anything ``json.dumps`` accepts; a consumer's own per-path data."""
+
+
+class ChangeKind(str, enum.Enum):
+    """What happened to a path, as seen by its consumer."""
+
+    ADDED = "added"
+    """The path exists and the consumer has never acknowledged it."""
+
+    MODIFIED = "modified"
+    """The path exists and differs from what the consumer last acknowledged."""
+
+    DELETED = "deleted"
+    """The path is gone and the consumer had acknowledged (or been handed) it."""
+
+
+class Reason(str, enum.Enum):
+    """Why a batch was formed; exposed to ``exec`` commands as ``reason``."""
+
+    STARTUP = "startup"
+    """The initial pass: what changed while reloadd was not running."""
+
+    INOTIFY = "inotify"
+    """A kernel event was seen for the path."""
+
+    RESCAN = "rescan"
+    """The periodic (or overflow-triggered) stat walk found the change."""
+
+    SIGNAL = "signal"
+    """A forced resync: SIGHUP, ``reloadd reload`` or ``Reloader.trigger()``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """The stat identity of a file: inode, size, and modification/change times.
+
+    The inode catches atomic renames and symlink retargets (a ConfigMap ``..data``
+    swap), ctime catches writers that restore mtime.
+    """
+
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def from_stat(cls, st: os.stat_result) -> Fingerprint:
+        """Build a fingerprint from an ``os.stat`` result."""
+        return cls(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def to_json(self) -> list[int]:
+        """A compact JSON form, ``[ino, size, mtime_ns, ctime_ns]``."""
+        return [self.ino, self.size, self.mtime_ns, self.ctime_ns]
+
+    @classmethod
+    def from_json(cls, value: JSONValue) -> Fingerprint:
+        """Inverse of :meth:`to_json`."""
+        ino, size, mtime_ns, ctime_ns = (int(v) for v in value)
+        return cls(ino, size, mtime_ns, ctime_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One settled change of one path, handed to one consumer.
+
+    Attributes:
+        path: Absolute path as configured (symlinks inside the root not resolved).
+        kind: Added, modified or deleted.
+        fingerprint: The stat fingerprint at hand-over; ``None`` when deleted.
+        digest: SHA-256 hex of the content when the engine computed it, else ``None``.
+        forced: True when a resync asked for the path whatever its fingerprint.
+        root: The configured root the path was found under.
+    """
+
+    path: Path
+    kind: ChangeKind
+    fingerprint: Fingerprint | None
+    digest: str | None = None
+    forced: bool = False
+    root: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The unit of delivery: settled changes for one consumer, one per path."""
+
+    consumer: str
+    reason: Reason
+    changes: tuple[Change, ...]
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        """The paths of the changes, in batch order."""
+        return tuple(c.path for c in self.changes)
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """The consumer acted on the path; remember its fingerprint and ``data``."""
+
+    data: JSONValue = None
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """A transient failure: hand the path over again after a backoff."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """A permanent failure: report it and do not retry until the file changes."""
+
+    error: str
+    data: JSONValue = None
+
+
+Result: TypeAlias = Union[Ack, Retry, Reject]
+"""What a consumer says about one path of a batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class PathRecord:
+    """What the engine remembers about a path for one consumer.
+
+    Attributes:
+        fingerprint: Fingerprint acknowledged last (``None`` if never acknowledged).
+        digest: Content digest at that fingerprint, when computed.
+        data: The consumer's own data from its last :class:`Ack` or :class:`Reject`.
+        error: The last permanent error, if the last result was a :class:`Reject`.
+    """
+
+    fingerprint: Fingerprint | None
+    digest: str | None = None
+    data: JSONValue = None
+    error: str | None = None
