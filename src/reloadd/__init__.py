@@ -1,5 +1,6 @@
 """reloadd: keep a Kubernetes node in step with files on its disk, the moment they change."""
 
+from ._config import Config, ConsumerConfig, load_config, parse_config
 from ._consumer import BaseConsumer, Consumer, ConsumerContext, ConsumerFactory
 from ._errors import (
     ConfigError,
@@ -12,7 +13,10 @@ from ._errors import (
     WatchError,
     WatchLimitError,
 )
+from ._filters import DEFAULT_IGNORES, PathFilter
 from ._options import Options, parse_duration
+from ._reloader import Reloader
+from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._types import (
     Ack,
     Batch,
@@ -35,25 +39,37 @@ __all__ = [
     "Batch",
     "Change",
     "ChangeKind",
+    "Config",
     "ConfigError",
     "Consumer",
+    "ConsumerConfig",
     "ConsumerContext",
     "ConsumerError",
     "ConsumerFactory",
+    "DEFAULT_IGNORES",
+    "EventKind",
     "Fingerprint",
     "JSONValue",
     "Options",
+    "PathFilter",
     "PathRecord",
     "PermanentError",
     "PluginError",
     "Reason",
     "Reject",
     "ReloaddError",
+    "Reloader",
     "Result",
     "Retry",
+    "Source",
+    "SourceContext",
+    "SourceEvent",
     "StateError",
     "TransientError",
     "WatchError",
     "WatchLimitError",
+    "WatchRoot",
+    "load_config",
+    "parse_config",
     "parse_duration",
 ]

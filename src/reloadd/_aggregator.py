@@ -1,0 +1,201 @@
+"""The coalescing aggregator: decides *when* a path has settled. Pure; no I/O, no clock of its own.
+
+Events for one (consumer, path) key collapse into one pending entry. The entry is
+*due* for a probe once no event arrived for ``quiet`` seconds, or ``max_delay`` after
+its first event if it keeps changing. A path a writer still holds open (a MODIFY
+without the CLOSE_WRITE) is held until the writer closes it, or has been idle for
+``max_delay``. Observations that carry no writer information (a rescan, the start-up
+pass, a sub-tree re-examination) must see the same fingerprint on two probes
+``quiet`` apart, so a file still growing is never handed over.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._types import Fingerprint, Reason
+
+__all__ = ["Aggregator", "Key", "Pending", "Timing"]
+
+Key = tuple[str, Path]
+"""(consumer name, path)."""
+
+_UNSET: object = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Settle timing of one consumer, in seconds."""
+
+    quiet: float = 0.2
+    max_delay: float = 5.0
+
+
+@dataclass(slots=True)
+class Pending:
+    """What the aggregator holds for one key until it settles."""
+
+    first: float
+    last: float
+    reason: Reason
+    forced: bool = False
+    writing: bool = False
+    verify: bool = False
+    seen: object = _UNSET  # Fingerprint | None at the previous probe, or _UNSET
+    events: int = 1
+
+
+class Aggregator:
+    """Collapse events per key and release keys once settled.
+
+    Args:
+        timings: Settle timing per consumer name; consumers not listed use ``default``.
+        default: The timing for consumers without an override.
+    """
+
+    def __init__(self, timings: dict[str, Timing] | None = None, default: Timing | None = None) -> None:
+        self._timings = dict(timings or {})
+        self._default = default or Timing()
+        self._pending: dict[Key, Pending] = {}
+        self._heap: list[tuple[float, int, Key]] = []
+        self._seq = itertools.count()
+        self.coalesced = 0
+        """Events folded into an already-pending entry (a metric)."""
+
+    def set_timing(self, consumer: str, timing: Timing) -> None:
+        """Override the timing of one consumer."""
+        self._timings[consumer] = timing
+
+    def timing(self, consumer: str) -> Timing:
+        """The timing in force for ``consumer``."""
+        return self._timings.get(consumer, self._default)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._pending
+
+    def keys(self) -> Iterable[Key]:
+        """Keys currently held."""
+        return self._pending.keys()
+
+    def get(self, key: Key) -> Pending | None:
+        """The pending entry of ``key``, if any."""
+        return self._pending.get(key)
+
+    def observe(
+        self,
+        key: Key,
+        now: float,
+        *,
+        reason: Reason,
+        writing: bool | None = None,
+        forced: bool = False,
+        verify: bool = False,
+    ) -> None:
+        """Record an event for ``key``.
+
+        Args:
+            key: (consumer, path).
+            now: The current time.
+            reason: Why the event happened (the first reason of a burst is kept,
+                except that a forced resync wins).
+            writing: True for an event that shows a writer still at work (MODIFY),
+                False for one that shows it finished (CLOSE_WRITE, MOVED_TO, DELETE),
+                None when the event says nothing about writers.
+            forced: Hand the path over even if its content did not change.
+            verify: The observation carries no writer information: require two equal
+                probes before hand-over.
+        """
+        p = self._pending.get(key)
+        if p is None:
+            p = Pending(first=now, last=now, reason=reason, forced=forced, verify=verify)
+            self._pending[key] = p
+        else:
+            self.coalesced += 1
+            p.last = now
+            p.events += 1
+            p.forced = p.forced or forced
+            if forced:
+                p.reason = reason
+            if writing is not None or not verify:
+                p.verify = p.verify and verify
+        if writing is not None:
+            p.writing = writing
+            if not verify:
+                p.verify = False
+        self._push(key, p)
+
+    def _due_at(self, key: Key, p: Pending) -> float:
+        t = self.timing(key[0])
+        if p.writing:
+            return p.last + t.max_delay  # an idle writer that never closes
+        if p.verify:
+            return p.last + t.quiet  # growth checks are never cut short
+        return min(p.last + t.quiet, max(p.first + t.max_delay, p.last))
+
+    def _push(self, key: Key, p: Pending) -> None:
+        heapq.heappush(self._heap, (self._due_at(key, p), next(self._seq), key))
+
+    def next_deadline(self) -> float | None:
+        """When the earliest held key becomes due, or ``None`` when nothing is held."""
+        while self._heap:
+            when, _, key = self._heap[0]
+            p = self._pending.get(key)
+            if p is None or self._due_at(key, p) != when:
+                heapq.heappop(self._heap)  # stale entry
+                continue
+            return when
+        return None
+
+    def due(self, now: float, limit: int | None = None) -> list[Key]:
+        """Keys whose settle time has come (they stay held until :meth:`probed`)."""
+        out: list[Key] = []
+        seen: set[Key] = set()
+        while self._heap and (limit is None or len(out) < limit):
+            when, _, key = self._heap[0]
+            p = self._pending.get(key)
+            if p is None or key in seen:
+                heapq.heappop(self._heap)
+                continue
+            actual = self._due_at(key, p)
+            if actual != when:
+                heapq.heappop(self._heap)
+                continue
+            if when > now:
+                break
+            heapq.heappop(self._heap)
+            seen.add(key)
+            out.append(key)
+        return out
+
+    def probed(self, key: Key, fingerprint: Fingerprint | None, now: float) -> Pending | None:
+        """Report what a probe of a due key found.
+
+        Returns:
+            The released entry when the key is settled and must be handed over;
+            ``None`` when it is held for another quiet period (it changed since the
+            previous probe) or is no longer held.
+        """
+        p = self._pending.get(key)
+        if p is None:
+            return None
+        if p.verify and (p.seen is _UNSET or p.seen != fingerprint):
+            p.seen = fingerprint
+            p.last = now
+            self._push(key, p)
+            return None
+        del self._pending[key]
+        return p
+
+    def requeue(self, key: Key, now: float) -> None:
+        """Hold a due key for another quiet period (the probe could not decide)."""
+        p = self._pending.get(key)
+        if p is not None:
+            p.last = now
+            self._push(key, p)

@@ -1,0 +1,170 @@
+"""The configuration file: one TOML document, parsed once into frozen values.
+
+```toml
+[reloadd]
+state_dir = "/var/lib/reloadd"
+rescan_interval = "15s"
+quiet = "200ms"
+max_delay = "5s"
+
+[[consumer]]
+name = "images"
+plugin = "containerd-images"
+paths = ["/var/lib/rancher/k3s/agent/images"]
+exclude = ["*.partial"]
+[consumer.options]
+address = "/run/containerd/containerd.sock"
+```
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError
+from ._options import Options
+
+__all__ = ["Config", "ConsumerConfig", "load_config", "parse_config"]
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """One ``[[consumer]]`` table."""
+
+    name: str
+    plugin: str
+    paths: tuple[Path, ...] = ()
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    recursive: bool = True
+    ignore_defaults: bool = True
+    quiet: float | None = None
+    max_delay: float | None = None
+    concurrency: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration. Durations are seconds.
+
+    Attributes:
+        state_dir: Where acknowledged state is kept (0700).
+        rescan_interval: Seconds between stat walks; 0 disables them.
+        quiet: Seconds without events before a path counts as settled.
+        max_delay: Cap on how long a path that keeps changing is held.
+        shutdown_grace: Seconds in-flight batches get to finish on shutdown.
+        inotify: Use inotify (false: rescans only, e.g. on NFS).
+        pid_file: Written by ``reloadd run``; read by ``reloadd reload``.
+        control_socket: Unix socket for ``reloadd status`` / ``reloadd reload``.
+        metrics_listen: ``host:port`` for /metrics, /healthz, /readyz (absent: off).
+        ready_max_age: /readyz fails when a path has waited longer than this.
+        consumers: The consumers, in file order.
+        source: The file this came from, for messages.
+    """
+
+    state_dir: Path
+    rescan_interval: float = 15.0
+    quiet: float = 0.2
+    max_delay: float = 5.0
+    shutdown_grace: float = 10.0
+    inotify: bool = True
+    pid_file: Path | None = None
+    control_socket: Path | None = None
+    metrics_listen: str | None = None
+    ready_max_age: float = 600.0
+    consumers: tuple[ConsumerConfig, ...] = ()
+    source: Path | None = None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a configuration file.
+
+    Raises:
+        ConfigError: naming the file, the key and what was expected.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"Failed to read config {path}: {exc.strerror or exc}") from exc
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    return parse_config(doc, source=path)
+
+
+def parse_config(doc: dict[str, Any], source: Path | None = None) -> Config:
+    """Validate a parsed TOML document. Relative paths resolve against the file's directory."""
+    name = str(source) if source else "<config>"
+    base = source.parent.resolve() if source else Path.cwd()
+    top = Options(doc, where=name)
+    g = Options(top.table("reloadd"), where=f"{name} [reloadd]")
+    raw_consumers = top._get("consumer", (list,), [], False)
+    top.finish()
+
+    def p(key: str, default: str | None = None) -> Path | None:
+        value = g.path(key, default, base=base)
+        return Path(value) if value is not None else None
+
+    state_dir = p("state_dir", "/var/lib/reloadd")
+    assert state_dir is not None
+    quiet = g.duration("quiet", 0.2)
+    max_delay = g.duration("max_delay", 5.0)
+    cfg_kw: dict[str, Any] = dict(
+        state_dir=state_dir,
+        rescan_interval=g.duration("rescan_interval", 15.0),
+        quiet=quiet,
+        max_delay=max_delay,
+        shutdown_grace=g.duration("shutdown_grace", 10.0),
+        inotify=g.bool("inotify", True),
+        pid_file=p("pid_file"),
+        control_socket=p("control_socket"),
+        metrics_listen=g.str("metrics_listen"),
+        ready_max_age=g.duration("ready_max_age", 600.0),
+    )
+    g.finish()
+    if max_delay < quiet:
+        raise ConfigError(f"{name} [reloadd]: max_delay ({max_delay}s) must not be less than quiet ({quiet}s)")
+
+    consumers: list[ConsumerConfig] = []
+    seen: set[str] = set()
+    for i, table in enumerate(raw_consumers):
+        consumers.append(_consumer(table, f"{name} [[consumer]] #{i + 1}", base))
+        if consumers[-1].name in seen:
+            raise ConfigError(f"{name}: consumer name {consumers[-1].name!r} is used twice")
+        seen.add(consumers[-1].name)
+    return Config(consumers=tuple(consumers), source=source, **cfg_kw)
+
+
+def _consumer(table: Any, where: str, base: Path) -> ConsumerConfig:
+    c = Options(table, where=where)
+    cname = c.str("name", required=True)
+    where = f"{where} ({cname!r})"
+    c.where = where
+    plugin = c.str("plugin", required=True)
+    paths = tuple(_abs(Path(x).expanduser(), base) for x in c.str_list("paths"))
+    conc = c.int("concurrency", None, minimum=1)
+    cc = ConsumerConfig(
+        name=cname,
+        plugin=plugin,
+        paths=paths,
+        include=tuple(c.str_list("include")),
+        exclude=tuple(c.str_list("exclude")),
+        recursive=c.bool("recursive", True),
+        ignore_defaults=c.bool("ignore_defaults", True),
+        quiet=c.duration("quiet"),
+        max_delay=c.duration("max_delay"),
+        concurrency=conc,
+        options=c.table("options"),
+    )
+    c.finish()
+    return cc
+
+
+def _abs(p: Path, base: Path) -> Path:
+    return p if p.is_absolute() else base / p

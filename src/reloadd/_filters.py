@@ -1,0 +1,97 @@
+"""Which paths a consumer is handed: default editor-dropping ignores, globs, roots.
+
+Filters are plain callables ``(Path) -> bool`` so a consumer's own ``accepts`` and the
+configured globs compose without a framework.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DEFAULT_IGNORES", "PathFilter", "is_editor_dropping", "is_kubelet_internal", "under"]
+
+DEFAULT_IGNORES: tuple[str, ...] = ("*.swp", "*.swx", "*~", "4913", ".#*", "#*#", "*.tmp")
+"""Names of editor droppings ignored by default (vim swap and probe files, emacs locks, temp files).
+
+Names beginning with ``..`` are deliberately *not* here: a ConfigMap mount's ``..data``
+swap is exactly the change a user wants to see.
+"""
+
+_DEFAULT_RE = re.compile("|".join(fnmatch.translate(p) for p in DEFAULT_IGNORES))
+
+
+def is_editor_dropping(name: str) -> bool:
+    """Whether a file name is an editor dropping (swap, backup, lock or probe file)."""
+    return _DEFAULT_RE.match(name) is not None
+
+
+def is_kubelet_internal(name: str) -> bool:
+    """Whether a directory entry is kubelet's atomic-writer bookkeeping (``..data``, ``..2024_…``).
+
+    The user-visible files of a ConfigMap mount are symlinks through ``..data``; the
+    timestamped ``..`` directories behind them are never handed over themselves.
+    """
+    return name.startswith("..")
+
+
+def under(path: Path, root: Path) -> bool:
+    """Whether ``path`` is ``root`` or lies beneath it (purely lexical)."""
+    return path == root or root in path.parents
+
+
+@dataclass(frozen=True)
+class PathFilter:
+    """A consumer's path filter: roots, include/exclude globs and the default ignores.
+
+    Globs match either the path relative to its root or the bare file name, so
+    ``"*.yaml"`` and ``"prod/*.yaml"`` both do what one expects.
+
+    Attributes:
+        roots: The consumer's roots (files or directories).
+        include: When non-empty, only paths matching one of these are accepted.
+        exclude: Paths matching any of these are rejected.
+        ignore_defaults: Apply :data:`DEFAULT_IGNORES`.
+        recursive: Accept paths in sub-directories of a directory root.
+    """
+
+    roots: tuple[Path, ...]
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    ignore_defaults: bool = True
+    recursive: bool = True
+
+    def root_of(self, path: Path) -> Path | None:
+        """The (deepest) root ``path`` belongs to, or ``None``."""
+        best: Path | None = None
+        for root in self.roots:
+            if under(path, root) and (best is None or len(root.parts) > len(best.parts)):
+                best = root
+        return best
+
+    def __call__(self, path: Path) -> bool:
+        root = self.root_of(path)
+        if root is None:
+            return False
+        if path == root:
+            return True  # a file root is always wanted
+        rel = path.relative_to(root)
+        parts = rel.parts
+        if not self.recursive and len(parts) > 1:
+            return False
+        if any(is_kubelet_internal(p) for p in parts):
+            return False
+        name = path.name
+        if self.ignore_defaults and is_editor_dropping(name):
+            return False
+        rel_s = rel.as_posix()
+        if self.include and not _matches(self.include, rel_s, name):
+            return False
+        return not (self.exclude and _matches(self.exclude, rel_s, name))
+
+
+def _matches(patterns: Sequence[str], rel: str, name: str) -> bool:
+    return any(fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(name, p) for p in patterns)

@@ -1,0 +1,339 @@
+"""A consumer's keyed work queue: one batch in flight per path, retries with backoff.
+
+Like client-go's workqueue: a path that changes while its batch is in flight is queued
+once more (merged with any later change), a failed path is retried with exponential
+backoff and jitter without holding back the others, and a consumer that raises only
+ever affects its own paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import tenacity
+
+from ._consumer import Consumer
+from ._errors import StateError
+from ._state import RecordStore
+from ._types import Ack, Batch, Change, ChangeKind, Fingerprint, PathRecord, Reason, Reject, Result, Retry
+
+__all__ = ["Item", "QueueStats", "WorkQueue"]
+
+log = logging.getLogger("reloadd.queue")
+
+
+@dataclass(slots=True)
+class Item:
+    """A settled path waiting for (or retrying) delivery."""
+
+    path: Path
+    root: Path | None
+    fingerprint: Fingerprint | None
+    digest: str | None
+    forced: bool
+    reason: Reason
+    since: float = 0.0
+    attempts: int = 0
+    not_before: float = 0.0
+    last_error: str | None = None
+
+
+@dataclass(slots=True)
+class QueueStats:
+    """Counters a metrics exporter reads."""
+
+    batches: int = 0
+    acked: int = 0
+    rejected: int = 0
+    retried: int = 0
+    dropped_unchanged: int = 0
+    last_success: float | None = None
+
+
+def _backoff(initial: float, maximum: float) -> Callable[[int], float]:
+    wait = tenacity.wait_exponential_jitter(initial=initial, max=maximum, jitter=initial)
+
+    def delay(attempt: int) -> float:
+        state = tenacity.RetryCallState(retry_object=tenacity.AsyncRetrying(), fn=None, args=(), kwargs={})
+        state.attempt_number = attempt
+        return float(wait(state))
+
+    return delay
+
+
+class WorkQueue:
+    """Deliver settled paths to one consumer.
+
+    Args:
+        consumer: The consumer.
+        records: Its record store (read for de-duplication, written with results).
+        concurrency: Batches in flight at once.
+        max_batch: Paths per batch at most.
+        backoff_initial: First retry delay, seconds.
+        backoff_max: Cap of the retry delay, seconds.
+        on_change: Called whenever the queue's state changes (idle tracking, metrics).
+        clock: Monotonic clock, injectable for tests.
+    """
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        records: RecordStore,
+        *,
+        concurrency: int = 1,
+        max_batch: int = 512,
+        backoff_initial: float = 1.0,
+        backoff_max: float = 300.0,
+        on_change: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.consumer = consumer
+        self.records = records
+        self.concurrency = max(1, concurrency)
+        self.max_batch = max_batch
+        self._delay = _backoff(backoff_initial, backoff_max)
+        self._on_change = on_change
+        self._clock = clock
+        self._items: dict[Path, Item] = {}
+        self._inflight: set[Path] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._wakeup = asyncio.Event()
+        self._flush_lock = asyncio.Lock()
+        self._accepting = True
+        self.stats = QueueStats()
+
+    # Inspection ------------------------------------------------------------------
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, nothing in flight."""
+        return not self._items and not self._inflight
+
+    @property
+    def depth(self) -> int:
+        """Paths waiting (including those in backoff)."""
+        return len(self._items)
+
+    def oldest_age(self) -> float:
+        """Seconds the oldest waiting path has waited (0 when none)."""
+        if not self._items:
+            return 0.0
+        return max(0.0, self._clock() - min(i.since for i in self._items.values()))
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able view for ``reloadd status``."""
+        now = self._clock()
+        failing = [
+            {
+                "path": str(i.path),
+                "attempts": i.attempts,
+                "error": i.last_error,
+                "retry_in": round(max(0.0, i.not_before - now), 3),
+            }
+            for i in self._items.values()
+            if i.last_error is not None
+        ]
+        rejected = [
+            {"path": str(p), "error": r.error} for p, r in self.records.items() if r.error is not None
+        ]
+        return {
+            "pending": sorted(str(p) for p in self._items),
+            "in_flight": sorted(str(p) for p in self._inflight),
+            "failing": failing,
+            "rejected": rejected,
+            "oldest_pending_age": round(self.oldest_age(), 3),
+            "batches": self.stats.batches,
+            "last_success": self.stats.last_success,
+        }
+
+    # Input -----------------------------------------------------------------------
+    def put(self, item: Item) -> None:
+        """Queue a settled path, merging with what is already queued for it."""
+        old = self._items.get(item.path)
+        if old is not None:
+            item.forced = item.forced or old.forced
+            item.since = old.since
+        else:
+            item.since = self._clock()
+        if old is None and item.path not in self._inflight and not self._needed(item):
+            return
+        self._items[item.path] = item
+        self._wakeup.set()
+        self._on_change()
+
+    def _needed(self, item: Item) -> bool:
+        if item.forced:
+            return True
+        rec = self.records.get(item.path)
+        if item.fingerprint is None:
+            return rec is not None
+        if rec is None:
+            return True
+        if rec.fingerprint == item.fingerprint:
+            self.stats.dropped_unchanged += 1
+            return False
+        if item.digest is not None and rec.digest == item.digest:
+            # Same content, only times (or the inode) moved: remember the new
+            # fingerprint so the next comparison is a cheap one.
+            self.records.put(item.path, replace(rec, fingerprint=item.fingerprint))
+            self.stats.dropped_unchanged += 1
+            return False
+        return True
+
+    # Dispatch --------------------------------------------------------------------
+    async def run(self) -> None:
+        """Dispatch batches until cancelled."""
+        try:
+            while True:
+                delay = self._dispatch()
+                self._wakeup.clear()
+                if delay is None:
+                    await self._wakeup.wait()
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wakeup.wait(), delay)
+        finally:
+            self._accepting = False
+
+    def _dispatch(self) -> float | None:
+        """Start batches for ready paths; return seconds until the next retry is due."""
+        while len(self._tasks) < self.concurrency and self._accepting:
+            now = self._clock()
+            ready: list[Item] = []
+            next_due: float | None = None
+            for path, item in list(self._items.items()):
+                if path in self._inflight:
+                    continue
+                if item.not_before > now:
+                    next_due = item.not_before if next_due is None else min(next_due, item.not_before)
+                    continue
+                if item.attempts == 0 and not self._needed(item):
+                    del self._items[path]
+                    continue
+                if ready and item.reason != ready[0].reason:
+                    continue
+                ready.append(item)
+                if len(ready) >= self.max_batch:
+                    break
+            if not ready:
+                self._on_change()
+                return None if next_due is None else max(0.0, next_due - now)
+            for item in ready:
+                del self._items[item.path]
+                self._inflight.add(item.path)
+            task = asyncio.create_task(self._run_batch(ready), name=f"reloadd-batch-{self.consumer.name}")
+            self._tasks.add(task)
+            task.add_done_callback(self._batch_done)
+        return None  # every slot busy (or shutting down): a finishing batch wakes us
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._wakeup.set()
+        self._on_change()
+
+    def _change_of(self, item: Item) -> Change:
+        rec = self.records.get(item.path)
+        if item.fingerprint is None:
+            kind = ChangeKind.DELETED
+        elif rec is None:
+            kind = ChangeKind.ADDED
+        else:
+            kind = ChangeKind.MODIFIED
+        return Change(item.path, kind, item.fingerprint, item.digest, item.forced, item.root)
+
+    async def _run_batch(self, items: list[Item]) -> None:
+        changes = tuple(self._change_of(i) for i in items)
+        reason = Reason.SIGNAL if any(i.forced for i in items) else items[0].reason
+        batch = Batch(self.consumer.name, reason, changes)
+        results: Mapping[Path, Result]
+        try:
+            results = await self.consumer.handle(batch)
+            if not isinstance(results, Mapping):
+                raise TypeError(f"handle() returned {type(results).__name__}, expected a mapping")
+        except asyncio.CancelledError:
+            for item in items:  # abandoned, not lost: still unacknowledged on disk
+                self._inflight.discard(item.path)
+                self._items.setdefault(item.path, item)
+            raise
+        except Exception as exc:
+            log.error(
+                "Failed to handle batch of %d path(s) in consumer %s: %s",
+                len(items), self.consumer.name, exc, exc_info=exc,
+            )
+            results = {i.path: Retry(f"{type(exc).__name__}: {exc}") for i in items}
+        self.stats.batches += 1
+        for item, change in zip(items, changes, strict=True):
+            self._inflight.discard(item.path)
+            self._apply(item, change, results.get(item.path))
+        await self.flush()
+
+    def _apply(self, item: Item, change: Change, result: Result | None) -> None:
+        path = item.path
+        prev = self.records.get(path)
+        if result is None:
+            result = Ack(prev.data if prev is not None else None)
+        if isinstance(result, Ack):
+            self.stats.acked += 1
+            self.stats.last_success = time.time()
+            if change.kind is ChangeKind.DELETED:
+                self.records.drop(path)
+            else:
+                self.records.put(path, PathRecord(item.fingerprint, item.digest, result.data, None))
+        elif isinstance(result, Reject):
+            self.stats.rejected += 1
+            log.error("Failed to handle %s in consumer %s: %s", path, self.consumer.name, result.error)
+            if change.kind is ChangeKind.DELETED:
+                self.records.drop(path)
+            else:
+                data = result.data if result.data is not None else (prev.data if prev else None)
+                self.records.put(path, PathRecord(item.fingerprint, item.digest, data, result.error))
+        elif isinstance(result, Retry):
+            self.stats.retried += 1
+            if path in self._items:
+                return  # a newer change is already queued; it goes next, without backoff
+            item.attempts += 1
+            delay = self._delay(item.attempts)
+            item.not_before = self._clock() + delay
+            item.last_error = result.error
+            log.warning(
+                "Failed to handle %s in consumer %s (attempt %d, retrying in %.1fs): %s",
+                path, self.consumer.name, item.attempts, delay, result.error,
+            )
+            self._items[path] = item
+        else:
+            log.error("Consumer %s returned %r for %s; retrying", self.consumer.name, result, path)
+            item.attempts += 1
+            item.not_before = self._clock() + self._delay(item.attempts)
+            item.last_error = f"invalid result {result!r}"
+            self._items.setdefault(path, item)
+
+    async def flush(self) -> None:
+        """Persist buffered record changes (off the event loop)."""
+        async with self._flush_lock:
+            if not self.records.dirty:
+                return
+            try:
+                await asyncio.to_thread(self.records.flush)
+            except StateError as exc:
+                log.error("Failed to persist state of consumer %s: %s", self.consumer.name, exc)
+
+    async def drain(self, grace: float) -> None:
+        """Stop dispatching; let in-flight batches finish within ``grace`` seconds, cancel the rest."""
+        self._accepting = False
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning(
+                    "Abandoned %d in-flight batch(es) of consumer %s after %.1fs grace",
+                    len(pending), self.consumer.name, grace,
+                )
+                await asyncio.gather(*pending, return_exceptions=True)
+        await self.flush()

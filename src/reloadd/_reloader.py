@@ -1,0 +1,341 @@
+"""The embedding API: :class:`Reloader` wires config, plugins, sources, engine and queues.
+
+    async with Reloader(load_config("reloadd.toml")) as r:
+        await r.serve()
+
+``serve()`` returns after :meth:`Reloader.stop`; the synchronous :meth:`Reloader.run`
+does the same from a plain function. Nothing process-global is touched unless asked:
+signal handlers are installed only with ``install_signal_handlers=True`` (the CLI does),
+and the previous handlers come back on close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import tenacity
+
+from ._aggregator import Aggregator, Timing
+from ._config import Config, ConsumerConfig
+from ._consumer import Consumer, ConsumerContext
+from ._engine import Engine, Force, Slot
+from ._errors import ConfigError, PluginError, WatchLimitError
+from ._filters import PathFilter
+from ._plugins import CONSUMER_GROUP, SOURCE_GROUP, load
+from ._queue import WorkQueue
+from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
+from ._state import RecordStore
+
+__all__ = ["Reloader"]
+
+log = logging.getLogger("reloadd")
+
+SourceFactory = Callable[[SourceContext], Source]
+
+
+class Reloader:
+    """Watch the configured folders and keep every consumer in step.
+
+    Args:
+        config: The configuration.
+        consumers: Extra consumer objects (embedders' own), besides the configured ones.
+        install_signal_handlers: Turn SIGHUP into a forced resync (standalone mode).
+        sources: Source factories to use instead of the configured ones (tests,
+            embedders with their own event feed).
+        clock: Monotonic clock for the aggregator and queues.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        consumers: Sequence[Consumer] = (),
+        install_signal_handlers: bool = False,
+        sources: Sequence[SourceFactory] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self._extra: list[Consumer] = list(consumers)
+        self._signals = install_signal_handlers
+        self._source_factories = sources
+        self._clock = clock
+        self._engine: Engine | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._stop = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._armed = asyncio.Event()
+        self.watch_state = "starting"
+        self.ready = False
+        self._started = False
+        self._closed = False
+
+    # Building ----------------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        """Add an embedder's consumer object (before the reloader starts)."""
+        if self._started:
+            raise RuntimeError("add_consumer() must be called before the reloader starts")
+        self._extra.append(consumer)
+
+    def _records_for(self, name: str) -> RecordStore:
+        store = RecordStore(self.config.state_dir / "consumers" / name)
+        store.load()
+        return store
+
+    def _build_configured(self, cc: ConsumerConfig) -> tuple[Consumer, RecordStore]:
+        factory = load(CONSUMER_GROUP, cc.plugin)
+        records = self._records_for(cc.name)
+        private = records.directory / "plugin"
+        private.mkdir(mode=0o700, exist_ok=True)
+        ctx = ConsumerContext(
+            name=cc.name,
+            paths=cc.paths,
+            options=cc.options,
+            state_dir=private,
+            records=records,
+            trigger=lambda paths, _n=cc.name: self._force(_n, paths),
+            logger=logging.getLogger(f"reloadd.consumer.{cc.name}"),
+            config_file=self.config.source,
+        )
+        try:
+            consumer = factory(ctx)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise PluginError(f"Plugin {cc.plugin!r} failed to create consumer {cc.name!r}: {exc}") from exc
+        if not isinstance(consumer, Consumer):
+            raise PluginError(f"Plugin {cc.plugin!r} returned {type(consumer).__name__}, not a Consumer")
+        if getattr(consumer, "name", None) != cc.name:
+            consumer.name = cc.name
+        if cc.concurrency is not None:
+            consumer.concurrency = cc.concurrency
+        return consumer, records
+
+    def _slot(self, consumer: Consumer, records: RecordStore, cc: ConsumerConfig | None) -> Slot:
+        filt = PathFilter(
+            roots=tuple(Path(r) for r in consumer.roots),
+            include=cc.include if cc else (),
+            exclude=cc.exclude if cc else (),
+            ignore_defaults=cc.ignore_defaults if cc else True,
+            recursive=cc.recursive if cc else True,
+        )
+        queue = WorkQueue(consumer, records, concurrency=consumer.concurrency, on_change=self._notify,
+                          clock=self._clock)
+        return Slot(consumer, filt, records, queue)
+
+    # Lifecycle ---------------------------------------------------------------------
+    async def __aenter__(self) -> Reloader:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Load plugins and state, start consumers and sources, queue the initial pass."""
+        if self._started:
+            return
+        self._started = True
+        cfg = self.config
+        built: list[tuple[Consumer, RecordStore, ConsumerConfig | None]] = []
+        for cc in cfg.consumers:
+            consumer, records = await asyncio.to_thread(self._build_configured, cc)
+            built.append((consumer, records, cc))
+        for consumer in self._extra:
+            records = await asyncio.to_thread(self._records_for, consumer.name)
+            built.append((consumer, records, None))
+        names = [b[0].name for b in built]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"consumer names must be unique, got {names}")
+        agg = Aggregator(default=Timing(cfg.quiet, cfg.max_delay))
+        for consumer, _, cc in built:
+            if cc is not None and (cc.quiet is not None or cc.max_delay is not None):
+                agg.set_timing(consumer.name, Timing(cc.quiet if cc.quiet is not None else cfg.quiet,
+                                                     cc.max_delay if cc.max_delay is not None else cfg.max_delay))
+        slots = [self._slot(c, r, cc) for c, r, cc in built]
+        self._engine = engine = Engine(slots, agg, clock=self._clock, on_change=self._notify)
+        for slot in slots:
+            try:
+                await slot.consumer.start()
+            except Exception as exc:
+                log.error("Failed to start consumer %s: %s", slot.name, exc)
+                await self.close()
+                raise
+        for slot in slots:
+            self._tasks.append(asyncio.create_task(slot.queue.run(), name=f"reloadd-queue-{slot.name}"))
+        self._tasks.append(asyncio.create_task(engine.pump(), name="reloadd-pump"))
+        for name, factory in self._sources():
+            self._tasks.append(asyncio.create_task(self._supervise(name, factory), name=f"reloadd-{name}"))
+        if self.config.inotify and self._source_factories is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._armed.wait(), 10.0)
+        engine.emit(SourceEvent(EventKind.RESCAN, None, "startup"))
+
+    def _sources(self) -> list[tuple[str, SourceFactory]]:
+        if self._source_factories is not None:
+            return [(getattr(f, "name", f"source{i}"), f) for i, f in enumerate(self._source_factories)]
+        names = (["inotify"] if self.config.inotify else []) + ["rescan"]
+        if self._signals:
+            names.append("signal")
+        return [(n, load(SOURCE_GROUP, n)) for n in names]
+
+    def _source_context(self) -> SourceContext:
+        assert self._engine is not None
+        roots: dict[Path, WatchRoot] = {}
+        for slot in self._engine.slots.values():
+            for r in slot.filter.roots:
+                prev = roots.get(r)
+                roots[r] = WatchRoot(r, slot.filter.recursive or (prev.recursive if prev else False))
+        return SourceContext(
+            roots=tuple(roots.values()),
+            emit=self._engine.emit,
+            rescan_interval=self.config.rescan_interval,
+            logger=logging.getLogger("reloadd.source"),
+            degraded=self._degraded,
+        )
+
+    def _degraded(self, reason: str | None) -> None:
+        if reason is None:
+            self.watch_state = "armed"
+            self._armed.set()
+        else:
+            self.watch_state = f"degraded (rescan-only): {reason}"
+        self._notify()
+
+    async def _supervise(self, name: str, factory: SourceFactory) -> None:
+        """Run one source forever; rebuild it after any failure, then rescan everything."""
+
+        def wait(rs: tenacity.RetryCallState) -> float:
+            exc = rs.outcome.exception() if rs.outcome else None
+            if isinstance(exc, WatchLimitError):
+                return 60.0  # persistent: do not spin, rescans cover the gap
+            return min(30.0, 0.1 * 2 ** (rs.attempt_number - 1))
+
+        def before_sleep(rs: tenacity.RetryCallState) -> None:
+            exc = rs.outcome.exception() if rs.outcome else None
+            if isinstance(exc, WatchLimitError):
+                if "degraded" not in self.watch_state:
+                    log.error("%s", exc)
+                self._degraded(str(exc))
+            else:
+                log.error("Source %s failed, rebuilding the watch: %s", name, exc, exc_info=exc)
+            if self._engine is not None:
+                self._engine.emit(SourceEvent(EventKind.RESCAN, None, "supervisor"))
+
+        retrying = tenacity.AsyncRetrying(
+            wait=wait,
+            retry=tenacity.retry_if_exception_type(Exception),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                source = factory(self._source_context())
+                await source.run()
+                return
+
+    async def serve(self) -> None:
+        """Run until :meth:`stop` is called, then shut down gracefully."""
+        await self.start()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.close()
+
+    def run(self) -> None:
+        """Synchronous :meth:`serve` for scripts (``asyncio.run`` under the hood)."""
+        asyncio.run(self.serve())
+
+    def stop(self) -> None:
+        """Ask :meth:`serve` to return (safe from a signal handler)."""
+        self._stop.set()
+
+    async def close(self) -> None:
+        """Stop sources, let in-flight work finish within the grace period, persist state."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        engine = self._engine
+        pump_and_sources = [t for t in self._tasks if not t.get_name().startswith("reloadd-queue-")]
+        for t in pump_and_sources:
+            t.cancel()
+        await asyncio.gather(*pump_and_sources, return_exceptions=True)
+        if engine is not None:
+            await asyncio.gather(
+                *(s.queue.drain(self.config.shutdown_grace) for s in engine.slots.values()),
+                return_exceptions=True,
+            )
+        queues = [t for t in self._tasks if t.get_name().startswith("reloadd-queue-")]
+        for t in queues:
+            t.cancel()
+        await asyncio.gather(*queues, return_exceptions=True)
+        if engine is not None:
+            for slot in engine.slots.values():
+                try:
+                    await slot.consumer.close()
+                except Exception as exc:
+                    log.error("Failed to close consumer %s: %s", slot.name, exc)
+        self.watch_state = "stopped"
+
+    # Control -----------------------------------------------------------------------
+    def _force(self, consumer: str | None, paths: Iterable[Path] | None) -> None:
+        if self._engine is None:
+            return
+        self._engine.emit(Force(consumer, tuple(Path(p) for p in paths) if paths is not None else None))
+
+    def trigger(self, paths: Iterable[str | Path] | None = None) -> None:
+        """Hand paths (every path when ``None``) to their consumers again, forced."""
+        self._force(None, None if paths is None else [Path(p) for p in paths])
+
+    def _notify(self) -> None:
+        if (
+            not self.ready
+            and self._engine is not None
+            and self._engine.startup_done.is_set()
+            and self._engine.idle
+        ):
+            self.ready = True
+        self._changed.set()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting, held or in flight (retries in backoff count as waiting)."""
+        return self._engine is not None and self._engine.idle
+
+    async def wait_idle(self, timeout: float | None = None) -> None:
+        """Wait until :attr:`idle` (raises ``TimeoutError`` after ``timeout`` seconds)."""
+        async def _wait() -> None:
+            while True:
+                self._changed.clear()
+                if self._engine is not None and self._engine.startup_done.is_set() and self.idle:
+                    return
+                await self._changed.wait()
+
+        await asyncio.wait_for(_wait(), timeout)
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able snapshot for ``reloadd status`` and /readyz."""
+        engine = self._engine
+        consumers = {}
+        if engine is not None:
+            for name, slot in engine.slots.items():
+                consumers[name] = {
+                    "plugin": type(slot.consumer).__module__.split(".")[0],
+                    "roots": [str(r) for r in slot.filter.roots],
+                    "records": len(slot.records),
+                    **slot.queue.status(),
+                }
+        return {"watch": self.watch_state, "ready": self.ready, "consumers": consumers}
+
+    @property
+    def engine(self) -> Engine:
+        """The running engine (for metrics and tests)."""
+        if self._engine is None:
+            raise RuntimeError("the reloader has not started")
+        return self._engine

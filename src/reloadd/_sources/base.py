@@ -1,0 +1,90 @@
+"""The source contract: an async producer of :class:`SourceEvent` values.
+
+A source is registered in the ``reloadd.sources`` entry-point group as a class (or
+factory) taking a :class:`SourceContext`; the engine calls ``await source.run()`` under
+its supervisor and cancels it to stop. Sources only *report*; every decision (which
+consumer, settled or not, changed or not) is the aggregator's.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+__all__ = ["EventKind", "Source", "SourceContext", "SourceEvent", "WatchRoot"]
+
+
+class EventKind(enum.Enum):
+    """What a source saw."""
+
+    WRITING = "writing"
+    """A writer is at work on the file (IN_MODIFY): hold it."""
+
+    WRITTEN = "written"
+    """A writer finished (IN_CLOSE_WRITE) or a complete file arrived (IN_MOVED_TO)."""
+
+    GONE = "gone"
+    """The file was deleted or moved away."""
+
+    TOUCHED = "touched"
+    """Something happened that says nothing about writers (create, chmod)."""
+
+    SUBTREE = "subtree"
+    """Re-examine everything under ``path`` (a new, moved or swapped directory)."""
+
+    RESCAN = "rescan"
+    """Re-examine every root (periodic walk, queue overflow, lost watch)."""
+
+    RESYNC = "resync"
+    """Hand every path to its consumer again, forced (SIGHUP)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceEvent:
+    """One report from a source."""
+
+    kind: EventKind
+    path: Path | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchRoot:
+    """A configured root to watch (a file or a directory)."""
+
+    path: Path
+    recursive: bool = True
+
+
+@dataclass
+class SourceContext:
+    """What a source is given.
+
+    Attributes:
+        roots: Every root of every consumer.
+        emit: Hand an event to the engine (never blocks).
+        rescan_interval: Seconds between periodic walks (0: none).
+        logger: The source's logger.
+        degraded: Called by a source that lost its ability to watch (with the reason),
+            so the engine can report rescan-only mode.
+    """
+
+    roots: tuple[WatchRoot, ...]
+    emit: Callable[[SourceEvent], None]
+    rescan_interval: float = 15.0
+    logger: logging.Logger = field(default_factory=lambda: logging.getLogger("reloadd.source"))
+    degraded: Callable[[str | None], None] = lambda reason: None
+
+
+class Source(Protocol):
+    """An async producer of events."""
+
+    name: str
+
+    async def run(self) -> None:
+        """Produce events until cancelled; raise to have the supervisor rebuild the watch."""
+        ...

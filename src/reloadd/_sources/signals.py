@@ -1,0 +1,43 @@
+"""SIGHUP as a forced resync, installed so that the previous handler comes back on close.
+
+uvicorn's lesson: a library embedded in another daemon must not hijack its signals. The
+handler only *records* (emits an event); the engine acts on it in its own time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+from .base import EventKind, SourceContext, SourceEvent
+
+__all__ = ["SignalSource"]
+
+
+class SignalSource:
+    """Turn SIGHUP into :attr:`EventKind.RESYNC` while running."""
+
+    name = "signal"
+    signals = (signal.SIGHUP,)
+
+    def __init__(self, ctx: SourceContext) -> None:
+        self.ctx = ctx
+
+    async def run(self) -> None:
+        """Install the handler, wait until cancelled, then restore the previous one."""
+        loop = asyncio.get_running_loop()
+        previous: dict[int, Any] = {}
+        try:
+            for sig in self.signals:
+                previous[sig] = signal.getsignal(sig)
+                loop.add_signal_handler(sig, self._fire)
+            await asyncio.Event().wait()
+        finally:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    def _fire(self) -> None:
+        self.ctx.logger.info("Received SIGHUP: resyncing every consumer")
+        self.ctx.emit(SourceEvent(EventKind.RESYNC, None, self.name))

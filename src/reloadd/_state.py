@@ -1,0 +1,227 @@
+"""Crash-safe persistence of what each consumer acknowledged.
+
+Per consumer, a snapshot (``records.json``, replaced atomically: temp file in the same
+directory, fsync, rename, fsync of the directory) and an append-only journal
+(``records.journal``, one JSON line per change, fsynced per batch). Loading replays the
+journal over the snapshot and ignores a torn last line, so a crash at any point loses at
+most the batch that had not been fsynced yet — never the file. The journal is folded into
+a new snapshot once it grows past a threshold; the snapshot names the journal generation it
+is followed by, so an old journal is never replayed over a newer snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ._errors import StateError
+from ._types import Fingerprint, PathRecord
+
+__all__ = ["RecordStore", "atomic_write"]
+
+log = logging.getLogger("reloadd.state")
+
+_VERSION = 1
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` atomically and durably.
+
+    Raises:
+        StateError: naming the file and the cause (e.g. the disk is full); the previous
+            file is left intact.
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise StateError(f"Failed to write {path}: {exc.strerror or exc}") from exc
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _encode(rec: PathRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if rec.fingerprint is not None:
+        out["fp"] = rec.fingerprint.to_json()
+    if rec.digest is not None:
+        out["digest"] = rec.digest
+    if rec.data is not None:
+        out["data"] = rec.data
+    if rec.error is not None:
+        out["error"] = rec.error
+    return out
+
+
+def _decode(raw: Mapping[str, Any]) -> PathRecord:
+    fp = raw.get("fp")
+    return PathRecord(
+        fingerprint=Fingerprint.from_json(fp) if fp is not None else None,
+        digest=raw.get("digest"),
+        data=raw.get("data"),
+        error=raw.get("error"),
+    )
+
+
+class RecordStore(Mapping[Path, PathRecord]):
+    """The records of one consumer: an in-memory mapping backed by snapshot + journal.
+
+    Mutations (:meth:`put`, :meth:`drop`) are buffered until :meth:`flush`, which the
+    engine calls (in a worker thread) once per finished batch.
+
+    Args:
+        directory: The consumer's state directory (created 0700).
+        compact_after: Journal lines after which :meth:`flush` writes a new snapshot.
+    """
+
+    def __init__(self, directory: Path, compact_after: int = 10_000) -> None:
+        self.directory = directory
+        self._snapshot = directory / "records.json"
+        self._gen = 0
+        self._records: dict[Path, PathRecord] = {}
+        self._buffer: list[str] = []
+        self._journal_lines = 0
+        self._compact_after = compact_after
+
+    # Mapping interface -------------------------------------------------------------
+    def __getitem__(self, key: Path) -> PathRecord:
+        return self._records[key]
+
+    def __iter__(self) -> Iterator[Path]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def _journal(self) -> Path:
+        return self.directory / f"records.journal.{self._gen}"
+
+    # Persistence ---------------------------------------------------------------------
+    def load(self) -> None:
+        """Read snapshot and journal (blocking)."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(self.directory, 0o700)
+        except OSError as exc:
+            raise StateError(f"Failed to create state directory {self.directory}: {exc.strerror}") from exc
+        records: dict[Path, PathRecord] = {}
+        self._gen = 0
+        try:
+            raw = json.loads(self._snapshot.read_bytes())
+            if raw.get("version") != _VERSION:
+                raise StateError(f"{self._snapshot}: unsupported state version {raw.get('version')!r}")
+            self._gen = int(raw.get("gen", 0))
+            for p, r in raw.get("records", {}).items():
+                records[Path(p)] = _decode(r)
+        except FileNotFoundError:
+            pass
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise StateError(f"{self._snapshot}: corrupt state file: {exc}") from exc
+        lines = 0
+        try:
+            with open(self._journal, "rb") as fh:
+                for line in fh:
+                    lines += 1
+                    try:
+                        op = json.loads(line)
+                        path = Path(op["p"])
+                    except (ValueError, KeyError, TypeError):
+                        log.warning("Ignoring torn line %d of %s", lines, self._journal)
+                        continue
+                    if op.get("del"):
+                        records.pop(path, None)
+                    else:
+                        records[path] = _decode(op.get("r", {}))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StateError(f"Failed to read {self._journal}: {exc.strerror}") from exc
+        self._records = records
+        self._journal_lines = lines
+
+    def put(self, path: Path, record: PathRecord) -> None:
+        """Set the record of ``path`` (buffered until :meth:`flush`)."""
+        self._records[path] = record
+        self._buffer.append(json.dumps({"p": str(path), "r": _encode(record)}, separators=(",", ":")))
+
+    def drop(self, path: Path) -> None:
+        """Forget ``path`` (buffered until :meth:`flush`)."""
+        if self._records.pop(path, None) is not None:
+            self._buffer.append(json.dumps({"p": str(path), "del": True}, separators=(",", ":")))
+
+    @property
+    def dirty(self) -> bool:
+        """Whether there are unflushed mutations."""
+        return bool(self._buffer)
+
+    def flush(self) -> None:
+        """Append buffered mutations to the journal and fsync (blocking).
+
+        Raises:
+            StateError: when the journal cannot be written; the buffer is kept so a
+                later flush retries, and the in-memory records stay current.
+        """
+        if not self._buffer:
+            return
+        if self._journal_lines + len(self._buffer) > self._compact_after:
+            self.compact()
+            return
+        data = ("\n".join(self._buffer) + "\n").encode()
+        try:
+            fd = os.open(self._journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                start = os.lseek(fd, 0, os.SEEK_END)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        n = os.write(fd, view)
+                        view = view[n:]
+                    os.fsync(fd)
+                except OSError:
+                    os.ftruncate(fd, start)  # no torn half-batch left behind
+                    raise
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StateError(f"Failed to write {self._journal}: {exc.strerror or exc}") from exc
+        self._journal_lines += len(self._buffer)
+        self._buffer.clear()
+
+    def compact(self) -> None:
+        """Write a new snapshot of every record and start a new journal (blocking)."""
+        old = self._journal
+        doc = {
+            "version": _VERSION,
+            "gen": self._gen + 1,
+            "records": {str(p): _encode(r) for p, r in self._records.items()},
+        }
+        atomic_write(self._snapshot, json.dumps(doc, separators=(",", ":")).encode())
+        self._gen += 1
+        with contextlib.suppress(OSError):
+            os.unlink(old)
+        self._journal_lines = 0
+        self._buffer.clear()

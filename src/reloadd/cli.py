@@ -1,0 +1,134 @@
+"""``reloadd`` command line: run, check, reload, status.
+
+The only place that configures logging, installs default signal handlers and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ._config import Config, load_config
+from ._consumer import ConsumerContext
+from ._errors import ReloaddError
+from ._logging import configure_logging
+from ._plugins import CONSUMER_GROUP, load
+from ._reloader import Reloader
+
+__all__ = ["main"]
+
+log = logging.getLogger("reloadd")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="reloadd", description=__doc__)
+    ap.add_argument("--log-format", choices=("text", "json"), default="text")
+    ap.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    sub = ap.add_subparsers(dest="command", required=True)
+    for name, help_ in (
+        ("run", "watch and act until stopped (SIGHUP: full resync, SIGTERM/SIGINT: graceful stop)"),
+        ("check", "validate the configuration and every plugin's options, then exit"),
+        ("reload", "ask the running daemon for a full resync"),
+        ("status", "print the running daemon's consumers, pending and failing paths"),
+    ):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("--config", "-c", required=True, type=Path)
+        p.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS)
+        p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=argparse.SUPPRESS)
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+    return ap
+
+
+async def _run(cfg: Config) -> None:
+    reloader = Reloader(cfg, install_signal_handlers=True)
+    loop = asyncio.get_running_loop()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        loop.add_signal_handler(sig, reloader.stop)
+    if cfg.pid_file:
+        cfg.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        cfg.pid_file.write_text(f"{os.getpid()}\n")
+    try:
+        await reloader.start()
+        log.info("reloadd watching %d consumer(s)", len(cfg.consumers))
+        await reloader.serve()
+    finally:
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)
+        if cfg.pid_file:
+            with contextlib.suppress(OSError):
+                cfg.pid_file.unlink()
+
+
+def _check(cfg: Config) -> list[str]:
+    problems: list[str] = []
+    for cc in cfg.consumers:
+        try:
+            factory = load(CONSUMER_GROUP, cc.plugin)
+            factory(ConsumerContext(name=cc.name, paths=cc.paths, options=cc.options,
+                                    state_dir=cfg.state_dir / "check", config_file=cfg.source))
+        except ReloaddError as exc:
+            problems.append(str(exc))
+        except Exception as exc:
+            problems.append(f"consumer {cc.name!r}: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def _reload(cfg: Config) -> int:
+    if cfg.pid_file is None:
+        print("reloadd: no pid_file configured under [reloadd]; cannot find the daemon", file=sys.stderr)
+        return 1
+    try:
+        pid = int(cfg.pid_file.read_text().strip())
+        os.kill(pid, signal.SIGHUP)
+    except (OSError, ValueError) as exc:
+        print(f"reloadd: cannot signal the daemon through {cfg.pid_file}: {exc}", file=sys.stderr)
+        return 1
+    print(f"reloadd: asked pid {pid} for a full resync")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``reloadd`` console script."""
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_format, args.log_level)
+    try:
+        cfg = load_config(args.config)
+    except ReloaddError as exc:
+        print(f"reloadd: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "check":
+        problems = _check(cfg)
+        for p in problems:
+            print(f"reloadd: {p}", file=sys.stderr)
+        if not problems:
+            print(f"reloadd: {args.config}: OK ({len(cfg.consumers)} consumer(s))")
+        return 1 if problems else 0
+    if args.command == "reload":
+        return _reload(cfg)
+    if args.command == "status":
+        from ._control import query_status
+
+        return query_status(cfg, as_json=args.json)
+    try:
+        asyncio.run(_run(cfg))
+    except ReloaddError as exc:
+        log.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
