@@ -32,6 +32,10 @@ class SignalSource:
             for sig in self.signals:
                 previous[sig] = signal.getsignal(sig)
                 loop.add_signal_handler(sig, self._fire)
+            # A burst of signals may fill asyncio's wake-up socket; the dropped bytes are
+            # only duplicates of a resync already queued, so do not warn about them.
+            fd = signal.set_wakeup_fd(-1)
+            signal.set_wakeup_fd(fd, warn_on_full_buffer=False)
             await asyncio.Event().wait()
         finally:
             for sig, handler in previous.items():

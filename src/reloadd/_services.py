@@ -1,0 +1,182 @@
+"""Operations services around a reloader: HTTP (metrics, health), control socket, systemd.
+
+One entry point, :func:`services`, starts whatever the configuration enables:
+
+* ``[reloadd] metrics_listen = "127.0.0.1:9464"``: ``/metrics``, ``/healthz``, ``/readyz``
+  (see :mod:`reloadd._http` for what healthy and ready mean);
+* ``[reloadd] control_socket = "/run/reloadd/control.sock"``: ``reloadd status`` and
+  ``reloadd reload`` (see :mod:`reloadd._control`);
+* ``$NOTIFY_SOCKET`` in the environment (systemd ``Type=notify``): ``READY=1`` once the
+  initial pass is done, ``WATCHDOG=1`` every ``WatchdogSec/2`` when ``$WATCHDOG_USEC`` is
+  set, ``STATUS=`` lines, and ``STOPPING=1`` as soon as the reloader is asked to stop.
+
+Wiring (the CLI's ``_run``; an embedder does the same)::
+
+    reloader = Reloader(cfg, install_signal_handlers=True)
+    async with services(reloader):
+        await reloader.serve()          # start(), wait for stop(), close()
+
+Enter :func:`services` *before* the reloader starts, so ``/healthz`` answers and
+``/readyz`` says "not ready" during a long start-up (a consumer connecting to
+containerd, a big initial pass) instead of refusing connections, which a kubelet
+liveness probe would punish with a restart. Leaving the block stops every service; the
+reloader itself is not touched. Nothing is started when nothing is configured, and no
+process-global state is changed (the metrics registry is private to the reloader).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry
+
+from ._control import ControlServer
+from ._http import Health, LoopMonitor, endpoints, start_http
+from ._metrics import build_registry
+from ._sdnotify import Notifier, watchdog_interval
+
+if TYPE_CHECKING:
+    from ._reloader import Reloader
+
+__all__ = ["Services", "services"]
+
+log = logging.getLogger("reloadd.services")
+
+_STATUS_EVERY = 10.0  # seconds between STATUS= refreshes when no watchdog is set
+
+
+@dataclass
+class Services:
+    """What :func:`services` started.
+
+    Attributes:
+        registry: The reloader's private metrics registry.
+        health: Liveness and readiness, as served on /healthz and /readyz.
+        http_address: ``(host, port)`` actually bound for HTTP, or ``None``.
+        control_socket: The control socket path, or ``None``.
+        notifier: The systemd notifier (``enabled`` false outside systemd).
+    """
+
+    registry: CollectorRegistry
+    health: Health
+    http_address: tuple[str, int] | None = None
+    control_socket: Path | None = None
+    notifier: Notifier = field(default_factory=Notifier)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port/metrics`` when HTTP is served."""
+        if self.http_address is None:
+            return None
+        host, port = self.http_address
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
+
+def status_line(reloader: Reloader) -> str:
+    """One line for systemd's ``STATUS=``."""
+    doc = reloader.status()
+    consumers = doc["consumers"]
+    pending = sum(len(c["pending"]) for c in consumers.values())
+    failing = sum(len(c["failing"]) for c in consumers.values())
+    rejected = sum(len(c["rejected"]) for c in consumers.values())
+    parts = [f"{len(consumers)} consumer(s)", f"watch {doc['watch']}", f"{pending} pending"]
+    if failing:
+        parts.append(f"{failing} failing")
+    if rejected:
+        parts.append(f"{rejected} rejected")
+    return ", ".join(parts)
+
+
+async def _wait_stop(reloader: Reloader, within: float | None) -> bool:
+    """Wait up to ``within`` seconds for the reloader to be asked to stop; return whether it was."""
+    try:
+        await asyncio.wait_for(reloader._stop.wait(), within)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def _systemd(reloader: Reloader, health: Health, notifier: Notifier) -> None:
+    """READY=1 after the initial pass, WATCHDOG=1 pings, STATUS= refreshes, STOPPING=1."""
+    interval = watchdog_interval()
+    notifier.send(STATUS="starting: initial pass")
+    # Ping the watchdog during start-up too: a large initial pass must not look like a hang.
+    while not health.initial_pass_done():
+        if interval is not None:
+            notifier.send(WATCHDOG=1)
+        with contextlib.suppress(TimeoutError, RuntimeError):
+            # wait_idle wakes on every state change; RuntimeError: not started yet
+            await reloader.wait_idle(min(0.5, interval or 0.5))
+        if reloader._stop.is_set():
+            break
+    if not reloader._stop.is_set():
+        notifier.send(READY=1, STATUS=f"ready: {status_line(reloader)}")
+        log.info("Initial pass done; told the service manager READY=1")
+    last_status = ""
+    while not await _wait_stop(reloader, interval if interval is not None else _STATUS_EVERY):
+        fields: dict[str, str | int] = {}
+        if interval is not None:
+            fields["WATCHDOG"] = 1
+        line = status_line(reloader)
+        if line != last_status:
+            fields["STATUS"] = f"{'ready' if health.initial_pass_done() else 'starting'}: {line}"
+            last_status = line
+        notifier.send(**fields)
+    notifier.send(STOPPING=1, STATUS="stopping: finishing in-flight batches")
+
+
+@contextlib.asynccontextmanager
+async def services(reloader: Reloader, *, notify_socket: str | None = None) -> AsyncIterator[Services]:
+    """Run the configured services around ``reloader`` for the duration of the block.
+
+    Args:
+        reloader: The reloader (started or not).
+        notify_socket: The systemd notification socket; default ``$NOTIFY_SOCKET``.
+
+    Raises:
+        ConfigError: ``metrics_listen`` is malformed.
+        ReloaddError: another daemon holds the control socket.
+        OSError: the HTTP address or the control socket cannot be bound.
+    """
+    cfg = reloader.config
+    monitor = LoopMonitor()
+    health = Health(reloader, monitor)
+    registry = build_registry(reloader, loop_lag=monitor.value)
+    svc = Services(registry=registry, health=health, notifier=Notifier(notify_socket))
+    tasks: list[asyncio.Task[Any]] = [asyncio.create_task(monitor.run(), name="reloadd-loop-monitor")]
+    http: asyncio.Server | None = None
+    control: ControlServer | None = None
+    try:
+        if cfg.metrics_listen:
+            http = await start_http(cfg.metrics_listen, endpoints(health, registry))
+            host, port = http.sockets[0].getsockname()[:2]
+            svc.http_address = (host, port)
+        if cfg.control_socket:
+            control = ControlServer(reloader, cfg.control_socket,
+                                    extra=lambda: {"metrics": svc.metrics_url})
+            await control.start()
+            svc.control_socket = cfg.control_socket
+        if svc.notifier.enabled:
+            sd = _systemd(reloader, health, svc.notifier)
+            tasks.append(asyncio.create_task(sd, name="reloadd-sdnotify"))
+        yield svc
+    finally:
+        for t in tasks:
+            if not t.done() and t.get_name() == "reloadd-sdnotify" and reloader._stop.is_set():
+                # let it send STOPPING=1 before it is cancelled
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(t), 1.0)
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if control is not None:
+            await control.close()
+        if http is not None:
+            http.close()
+            await http.wait_closed()
+        svc.notifier.close()

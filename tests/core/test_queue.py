@@ -1,0 +1,123 @@
+"""Per-path work queues: failures retried with backoff, never holding back others."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from reloadd import Ack, ChangeKind, Reject, Retry
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_failed_path_retried_without_holding_back_others(tmp_path, recorder_cls, start_reloader):
+    root = tmp_path / "root"
+    root.mkdir()
+    rec = recorder_cls([root])
+    failures = {"bad.conf": 2}
+
+    def results(change):
+        left = failures.get(change.path.name, 0)
+        if left:
+            failures[change.path.name] = left - 1
+            return Retry("service unavailable")
+        return None
+
+    rec.results = results
+    r = await start_reloader(rec)
+    for q in r.engine.slots.values():
+        q.queue._delay = lambda attempt: 0.2 * attempt  # fast backoff for the test
+    (root / "bad.conf").write_text("b")
+    (root / "good.conf").write_text("g")
+    await rec.wait_path(root / "good.conf")
+    assert len(rec.changes_for(root / "bad.conf")) == 1  # good was delivered before bad succeeded
+    await rec.wait_path(root / "bad.conf", 3)
+    await r.wait_idle(10)
+    assert len(rec.changes_for(root / "bad.conf")) == 3
+    assert r.status()["consumers"]["rec"]["failing"] == []
+
+
+async def test_rejected_path_not_retried_until_it_changes(tmp_path, recorder_cls, start_reloader):
+    root = tmp_path / "root"
+    root.mkdir()
+    rec = recorder_cls([root])
+    rec.results = lambda c: Reject("corrupt: bad magic") if "broken" in c.path.read_text() else Ack({"ok": 1})
+    r = await start_reloader(rec, rescan_interval="200ms")
+    target = root / "x.conf"
+    target.write_text("broken")
+    await rec.wait_path(target)
+    for _ in range(3):  # several rescans pass
+        await asyncio.sleep(0.3)
+    assert len(rec.changes_for(target)) == 1
+    status = r.status()["consumers"]["rec"]
+    assert status["rejected"] == [{"path": str(target), "error": "corrupt: bad magic"}]
+    target.write_text("fixed")
+    await rec.wait_path(target, 2)
+    await r.wait_idle(10)
+    assert r.status()["consumers"]["rec"]["rejected"] == []
+
+
+async def test_raising_consumer_does_not_affect_another(tmp_path, recorder_cls, start_reloader, caplog):
+    root = tmp_path / "root"
+    root.mkdir()
+
+    class Exploding(recorder_cls):
+        async def handle(self, batch):
+            await super().handle(batch)
+            raise RuntimeError("boom")
+
+    bad = Exploding([root], name="bad")
+    good = recorder_cls([root], name="good")
+    await start_reloader(bad, good)
+    (root / "a.conf").write_text("a")
+    await good.wait_path(root / "a.conf")
+    await bad.wait_path(root / "a.conf")
+    assert "Failed to handle batch of 1 path(s) in consumer bad: boom" in caplog.text
+
+
+async def test_change_while_in_flight_is_delivered_once_more(tmp_path, recorder_cls, start_reloader):
+    root = tmp_path / "root"
+    root.mkdir()
+    rec = recorder_cls([root])
+    r = await start_reloader(rec)
+    rec.gate = asyncio.Event()
+    rec.entered.clear()
+    target = root / "x.conf"
+    target.write_text("v1")
+    await asyncio.wait_for(rec.entered.wait(), 10)
+    for i in range(2, 6):  # several saves while v1 is in flight
+        target.write_text(f"v{i}")
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    rec.gate.set()
+    await rec.wait_path(target, 2)
+    await r.wait_idle(10)
+    kinds = [c.kind for c in rec.changes_for(target)]
+    assert kinds == [ChangeKind.ADDED, ChangeKind.MODIFIED]
+
+
+async def test_concurrency_limit(tmp_path, recorder_cls, start_reloader):
+    root = tmp_path / "root"
+    root.mkdir()
+    active = 0
+    peak = 0
+
+    class Slow(recorder_cls):
+        concurrency = 2
+        async def handle(self, batch):
+            nonlocal active, peak
+            active += 1
+            peak = max(peak, active)
+            await asyncio.sleep(0.2)
+            active -= 1
+            return await super().handle(batch)
+
+    rec = Slow([root])
+    r = await start_reloader(rec)
+    for q in r.engine.slots.values():
+        q.queue.max_batch = 1
+    for i in range(6):
+        (root / f"f{i}").write_text(str(i))
+    await rec.wait_for(lambda x: len(x.changes) == 6)
+    assert peak == 2

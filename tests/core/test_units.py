@@ -1,0 +1,208 @@
+"""Pure parts: the aggregator's settle rules, config validation, filters, state files, the API."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import reloadd
+from reloadd import ConfigError, Fingerprint, PathFilter, PathRecord, parse_duration
+from reloadd._aggregator import Aggregator, Timing
+from reloadd._config import load_config
+from reloadd._state import RecordStore, atomic_write
+from reloadd._types import Reason
+
+K = ("c", Path("/r/f"))
+FP1 = Fingerprint(1, 10, 100, 100)
+FP2 = Fingerprint(1, 20, 200, 200)
+
+
+def agg() -> Aggregator:
+    return Aggregator(default=Timing(quiet=0.2, max_delay=5.0))
+
+
+def test_quiet_period_restarts_on_each_event():
+    a = agg()
+    a.observe(K, 0.0, reason=Reason.INOTIFY, writing=False)
+    a.observe(K, 0.15, reason=Reason.INOTIFY, writing=False)
+    assert a.due(0.3) == []
+    assert a.due(0.35) == [K]
+    assert a.probed(K, FP1, 0.35) is not None
+    assert len(a) == 0
+
+
+def test_max_delay_caps_a_path_that_keeps_changing():
+    a = agg()
+    t = 0.0
+    while t < 5.0:
+        a.observe(K, t, reason=Reason.INOTIFY, writing=False)
+        assert a.due(t) == []
+        t += 0.1
+    a.observe(K, t, reason=Reason.INOTIFY, writing=False)
+    assert a.due(t) == [K]
+
+
+def test_open_writer_is_held_until_it_closes():
+    a = agg()
+    a.observe(K, 0.0, reason=Reason.INOTIFY, writing=True)
+    assert a.due(3.0) == []
+    a.observe(K, 3.0, reason=Reason.INOTIFY, writing=False)
+    assert a.due(3.1) == []
+    assert a.due(3.2) == [K]
+
+
+def test_idle_writer_released_after_max_delay():
+    a = agg()
+    a.observe(K, 0.0, reason=Reason.INOTIFY, writing=True)
+    assert a.due(4.9) == []
+    assert a.due(5.0) == [K]
+
+
+def test_observation_without_writer_info_needs_two_equal_probes():
+    a = agg()
+    a.observe(K, 0.0, reason=Reason.RESCAN, verify=True)
+    assert a.due(0.2) == [K]
+    assert a.probed(K, FP1, 0.2) is None  # first look
+    assert a.due(0.4) == [K]
+    assert a.probed(K, FP2, 0.4) is None  # still growing
+    assert a.due(0.61) == [K]
+    p = a.probed(K, FP2, 0.61)
+    assert p is not None and p.reason is Reason.RESCAN
+
+
+def test_growth_check_is_not_cut_short_by_max_delay():
+    a = agg()
+    a.observe(K, 0.0, reason=Reason.RESCAN, verify=True)
+    size = 0
+    t = 0.2
+    while t < 8:
+        assert a.due(t) == [K]
+        size += 1
+        assert a.probed(K, Fingerprint(1, size, 0, 0), t) is None
+        t += 0.2
+
+
+def test_forced_wins_and_coalesces():
+    a = agg()
+    a.observe(K, 0.0, reason=Reason.INOTIFY, writing=False)
+    a.observe(K, 0.1, reason=Reason.SIGNAL, forced=True)
+    assert a.coalesced == 1
+    p = a.probed(K, FP1, 0.5)
+    assert p is not None and p.forced and p.reason is Reason.SIGNAL
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("200ms", 0.2), ("15s", 15.0), ("1.5m", 90.0), ("2h", 7200.0), (3, 3.0)])
+def test_durations(text, seconds):
+    assert parse_duration(text, "x") == seconds
+
+
+@pytest.mark.parametrize("bad", ["fast", "-1s", "10 parsecs", True, -2])
+def test_bad_durations(bad):
+    with pytest.raises(ConfigError):
+        parse_duration(bad, "x")
+
+
+def write_cfg(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "reloadd.toml"
+    p.write_text(body)
+    return p
+
+
+def test_config_errors_name_file_key_and_type(tmp_path):
+    p = write_cfg(tmp_path, '[reloadd]\nquiet = 5\nrescan_interval = true\n')
+    with pytest.raises(ConfigError, match=r"reloadd\.toml \[reloadd\]: expected a duration.*True|rescan_interval"):
+        load_config(p)
+    p = write_cfg(tmp_path, '[reloadd]\nstate_dri = "/x"\n')
+    with pytest.raises(ConfigError, match=r"reloadd\.toml \[reloadd\]: unknown key\(s\) 'state_dri'"):
+        load_config(p)
+    p = write_cfg(tmp_path, '[[consumer]]\nname = "x"\nplugin = "exec"\npaths = "not-a-list"\n')
+    with pytest.raises(ConfigError, match=r"\('x'\): key 'paths' must be .*got str"):
+        load_config(p)
+    p = write_cfg(tmp_path, "[reloadd\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(p)
+    p = write_cfg(tmp_path, '[reloadd]\nquiet = "2s"\nmax_delay = "1s"\n')
+    with pytest.raises(ConfigError, match="max_delay"):
+        load_config(p)
+
+
+def test_config_relative_paths_and_defaults(tmp_path):
+    p = write_cfg(tmp_path, '[reloadd]\nstate_dir = "state"\n[[consumer]]\nname = "x"\nplugin = "exec"\n'
+                  'paths = ["watched"]\nquiet = "1s"\nmax_delay = "9s"\n[consumer.options]\ncommand = ["true"]\n')
+    cfg = load_config(p)
+    assert cfg.state_dir == tmp_path / "state"
+    assert cfg.rescan_interval == 15.0 and cfg.quiet == 0.2 and cfg.max_delay == 5.0
+    (c,) = cfg.consumers
+    assert c.paths == (tmp_path / "watched",) and c.quiet == 1.0 and c.max_delay == 9.0
+    assert c.options == {"command": ["true"]}
+
+
+def test_filter_defaults():
+    f = PathFilter(roots=(Path("/r"),))
+    for name in ("app.conf", "config.yaml", ".hidden.conf"):
+        assert f(Path("/r") / name), name
+    # kubelet's bookkeeping is never handed over itself (its swap is: see test_configmap_data_swap)
+    for name in (".app.conf.swp", ".app.conf.swx", "app.conf~", "4913", ".#app.conf", "#app.conf#", "x.tmp"):
+        assert not f(Path("/r") / name), name
+    assert not f(Path("/r/..2026_11_30/app.conf"))
+    assert not f(Path("/elsewhere/app.conf"))
+
+
+def test_filter_globs_and_recursion():
+    f = PathFilter(roots=(Path("/r"),), include=("*.yaml",), exclude=("skip/*",), recursive=True)
+    assert f(Path("/r/a.yaml")) and f(Path("/r/deep/b.yaml"))
+    assert not f(Path("/r/a.json")) and not f(Path("/r/skip/c.yaml"))
+    flat = PathFilter(roots=(Path("/r"),), recursive=False)
+    assert flat(Path("/r/a")) and not flat(Path("/r/sub/a"))
+
+
+def test_state_journal_replay_torn_line_and_compaction(tmp_path):
+    s = RecordStore(tmp_path / "st", compact_after=5)
+    s.load()
+    s.put(Path("/a"), PathRecord(FP1, "d1", {"images": ["x"]}))
+    s.put(Path("/b"), PathRecord(FP2))
+    s.flush()
+    s.drop(Path("/b"))
+    s.flush()
+    journal = next((tmp_path / "st").glob("records.journal.*"))
+    with open(journal, "a") as fh:
+        fh.write('{"p": "/c", "r": {"fp": [1, 2')  # a crash mid-append
+    t = RecordStore(tmp_path / "st")
+    t.load()
+    assert dict(t) == {Path("/a"): PathRecord(FP1, "d1", {"images": ["x"]})}
+    for i in range(10):
+        t.put(Path(f"/n{i}"), PathRecord(FP1))
+    t._compact_after = 5
+    t.flush()  # over the threshold: a new snapshot and a new journal generation
+    u = RecordStore(tmp_path / "st")
+    u.load()
+    assert len(u) == 11 and u[Path("/n9")] == PathRecord(FP1)
+    assert json.loads((tmp_path / "st" / "records.json").read_text())["gen"] == 1
+    assert oct(os.stat(tmp_path / "st").st_mode & 0o777) == "0o700"
+
+
+def test_atomic_write_on_a_full_disk_leaves_old_file(tmp_path):
+    import subprocess
+
+    disk = tmp_path / "tiny"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
+    try:
+        target = disk / "records.json"
+        atomic_write(target, b"old state")
+        with pytest.raises(reloadd.StateError, match=r"records\.json.*No space left"):
+            atomic_write(target, b"x" * (1 << 20))
+        assert target.read_bytes() == b"old state"
+        assert [p.name for p in disk.iterdir()] == ["records.json"]  # no temp file left behind
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_public_api_is_curated_and_sorted():
+    assert reloadd.__all__ == sorted(reloadd.__all__)
+    for name in reloadd.__all__:
+        assert getattr(reloadd, name) is not None
+        assert getattr(reloadd, name).__doc__ or name in ("JSONValue", "Result", "ConsumerFactory", "DEFAULT_IGNORES")

@@ -1,0 +1,153 @@
+"""The watch survives what kills the peers' watches: lost roots, overflow, limits, crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from reloadd import ChangeKind, EventKind, SourceEvent
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@contextlib.contextmanager
+def sysctl(name: str, value: int):
+    path = Path("/proc/sys") / name.replace(".", "/")
+    old = path.read_text().strip()
+    path.write_text(str(value))
+    try:
+        yield
+    finally:
+        path.write_text(old)
+
+
+async def test_root_deleted_recreated_and_written(tmp_path, recorder_cls, start_reloader):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.conf").write_text("a")
+    rec = recorder_cls([root])
+    await start_reloader(rec)
+    await rec.wait_path(root / "a.conf")
+    shutil.rmtree(root)
+    await rec.wait_for(lambda r: any(c.kind is ChangeKind.DELETED for c in r.changes_for(root / "a.conf")))
+    root.mkdir()
+    (root / "b.conf").write_text("written after recreation")
+    await rec.wait_path(root / "b.conf")
+    assert rec.changes_for(root / "b.conf")[0].kind is ChangeKind.ADDED
+
+
+async def test_root_missing_at_start_is_picked_up(tmp_path, recorder_cls, start_reloader, caplog):
+    root = tmp_path / "later" / "deeper" / "root"
+    rec = recorder_cls([root])
+    await start_reloader(rec)
+    assert "does not exist yet" in caplog.text
+    root.mkdir(parents=True)
+    (root / "x.conf").write_text("x")
+    await rec.wait_path(root / "x.conf")
+
+
+async def test_file_root(tmp_path, recorder_cls, start_reloader):
+    conf = tmp_path / "registries.conf"
+    rec = recorder_cls([conf])
+    await start_reloader(rec)
+    (tmp_path / "sibling.conf").write_text("not mine")
+    conf.write_text("mine")
+    await rec.wait_path(conf)
+    conf.unlink()
+    await rec.wait_path(conf, 2)
+    assert [c.kind for c in rec.changes_for(conf)] == [ChangeKind.ADDED, ChangeKind.DELETED]
+    assert {c.path for c in rec.changes} == {conf}
+
+
+async def test_new_subdirectory_files_made_before_the_watch(tmp_path, recorder_cls, start_reloader):
+    root = tmp_path / "root"
+    root.mkdir()
+    rec = recorder_cls([root])
+    await start_reloader(rec)
+    staging = tmp_path / "staging"
+    (staging / "deep").mkdir(parents=True)
+    for i in range(20):
+        (staging / "deep" / f"f{i}.conf").write_text(str(i))
+    os.rename(staging, root / "sub")  # a whole tree arrives at once
+    expected = {root / "sub" / "deep" / f"f{i}.conf" for i in range(20)}
+    await rec.wait_for(lambda r: expected <= {c.path for c in r.changes})
+    (root / "sub" / "deep" / "late.conf").write_text("late")  # and the new dirs are watched
+    await rec.wait_path(root / "sub" / "deep" / "late.conf")
+
+
+async def test_overflow_loses_nothing(tmp_path, recorder_cls, start_reloader):
+    root = tmp_path / "root"
+    root.mkdir()
+    rec = recorder_cls([root])
+    rec.gate = asyncio.Event()
+    with sysctl("fs.inotify.max_queued_events", 64):
+        r = await start_reloader(rec, rescan_interval="0s")  # only the overflow rescan can save us
+        (root / "first").write_text("x")
+        await asyncio.wait_for(rec.entered.wait(), 10)  # the consumer is now stalled
+        loop = asyncio.get_running_loop()
+
+        def burst() -> None:
+            for i in range(5000):
+                (root / f"f{i:05d}").write_text(str(i))
+
+        await loop.run_in_executor(None, burst)
+        rec.gate.set()
+        expected = {root / f"f{i:05d}" for i in range(5000)}
+        await rec.wait_for(lambda r: expected <= {c.path for c in r.changes}, timeout=60)
+        assert r.engine.stats.overflows >= 1
+    for p in expected:
+        assert rec.changes_for(p)[-1].fingerprint is not None
+
+
+async def test_watch_failure_is_rebuilt_and_nothing_lost(tmp_path, recorder_cls, start_reloader, caplog):
+    from reloadd._sources.inotify import InotifySource
+
+    root = tmp_path / "root"
+    root.mkdir()
+    outage = root / "during-outage.conf"
+    kill = asyncio.Event()
+    runs: list[object] = []
+
+    class Flaky(InotifySource):
+        async def run(self) -> None:
+            runs.append(self)
+            if len(runs) > 1:
+                await super().run()
+                return
+            inner = asyncio.create_task(super().run())
+            await kill.wait()
+            outage.write_text("written while the watch dies")  # its event dies with the instance
+            inner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await inner
+            raise RuntimeError("injected watch failure")
+
+    rec = recorder_cls([root])
+    await start_reloader(rec, sources=[Flaky], rescan_interval="0s")  # no periodic rescan to hide behind
+    (root / "before.conf").write_text("1")
+    await rec.wait_path(root / "before.conf")
+    kill.set()
+    await rec.wait_path(outage)  # found by the rescan that follows every rebuild
+    assert len(runs) == 2
+    assert "rebuilding the watch" in caplog.text
+    (root / "after.conf").write_text("the rebuilt watch works")
+    await rec.wait_path(root / "after.conf")
+
+
+async def test_watch_limit_degrades_to_rescans(tmp_path, recorder_cls, start_reloader, caplog):
+    root = tmp_path / "root"
+    for i in range(30):
+        (root / f"d{i}").mkdir(parents=True)
+    rec = recorder_cls([root])
+    with sysctl("fs.inotify.max_user_watches", 10):
+        r = await start_reloader(rec, rescan_interval="300ms")
+        assert "fs.inotify.max_user_watches" in caplog.text
+        assert r.watch_state.startswith("degraded")
+        (root / "d29" / "x.conf").write_text("found by the rescan")
+        await rec.wait_path(root / "d29" / "x.conf")
+    assert caplog.text.count("fs.inotify.max_user_watches") == 1
