@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._aggregator import Aggregator, Key, Timing
+from ._aggregator import Aggregator, Key
 from ._consumer import Consumer
 from ._filters import PathFilter, under
 from ._queue import Item, WorkQueue
@@ -32,6 +32,7 @@ __all__ = ["Engine", "EngineStats", "Force", "Slot"]
 log = logging.getLogger("reloadd.engine")
 
 _OFFLOAD = 64  # probes beyond this many go to a worker thread
+_OWNS_CACHE = 1 << 20
 
 
 @dataclass
@@ -48,9 +49,17 @@ class Slot:
         """The consumer's name."""
         return self.consumer.name
 
+    def __post_init__(self) -> None:
+        self._owns: dict[Path, bool] = {}
+
     def owns(self, path: Path) -> bool:
-        """Whether ``path`` is this consumer's business."""
-        return self.filter(path) and self.consumer.accepts(path)
+        """Whether ``path`` is this consumer's business (the path filter is memoised)."""
+        hit = self._owns.get(path)
+        if hit is None:
+            if len(self._owns) >= _OWNS_CACHE:
+                self._owns.clear()
+            hit = self._owns[path] = self.filter(path)
+        return hit and self.consumer.accepts(path)
 
 
 @dataclass(frozen=True)

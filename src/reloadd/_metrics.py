@@ -12,7 +12,7 @@ Exported families (all prefixed ``reloadd_``):
 name                                           type     labels
 =============================================  =======  ====================================
 build_info                                     gauge    version, python
-ready, watch_armed, watch_degraded             gauge
+ready, watch_armed, watch_degraded             gauge    (ready: as /readyz answers)
 watches                                        gauge    (inotify watches held)
 event_loop_lag_seconds                         gauge    (when the HTTP listener runs)
 events_total                                   counter  source, kind
@@ -99,6 +99,7 @@ class ReloaderCollector(Collector):
         reloader: The reloader (may not have started yet: only build info and
             ``reloadd_ready 0`` are exported then).
         loop_lag: Returns the event loop's last measured lag in seconds.
+        ready: Returns readiness as ``/readyz`` judges it; defaults to ``reloader.ready``.
         watch_count: Returns the inotify watches held; defaults to the reloader's
             ``watch_count`` attribute when it has one, else :func:`inotify_watches`.
     """
@@ -108,10 +109,12 @@ class ReloaderCollector(Collector):
         reloader: Reloader,
         *,
         loop_lag: Callable[[], float | None] | None = None,
+        ready: Callable[[], bool] | None = None,
         watch_count: Callable[[], int | None] | None = None,
     ) -> None:
         self.reloader = reloader
         self._loop_lag = loop_lag
+        self._ready = ready or (lambda: reloader.ready)
         self._watch_count = watch_count or self._default_watch_count
         self._version = _version()
 
@@ -128,7 +131,7 @@ class ReloaderCollector(Collector):
         yield info
         r = self.reloader
         state = r.watch_state
-        yield _gauge("reloadd_ready", "1 once the initial pass is done (see /readyz).", float(r.ready))
+        yield _gauge("reloadd_ready", "1 while ready (as /readyz answers).", float(self._ready()))
         yield _gauge("reloadd_watch_armed", "1 while every inotify watch is armed.", float(state == "armed"))
         yield _gauge("reloadd_watch_degraded", "1 while watching by periodic rescans only.",
                      float(state.startswith("degraded")))
@@ -220,6 +223,7 @@ def build_registry(
     reloader: Reloader,
     *,
     loop_lag: Callable[[], float | None] | None = None,
+    ready: Callable[[], bool] | None = None,
     process: bool = True,
 ) -> CollectorRegistry:
     """A private registry holding a :class:`ReloaderCollector` (and process metrics).
@@ -227,10 +231,11 @@ def build_registry(
     Args:
         reloader: The reloader to export.
         loop_lag: Returns the last measured event loop lag (seconds).
+        ready: Returns readiness as ``/readyz`` judges it.
         process: Also export ``process_*`` (CPU, memory, open fds) of this process.
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ReloaderCollector(reloader, loop_lag=loop_lag))
+    registry.register(ReloaderCollector(reloader, loop_lag=loop_lag, ready=ready))
     if process:
         ProcessCollector(registry=registry)
     return registry

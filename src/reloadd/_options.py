@@ -12,6 +12,9 @@ from ._errors import ConfigError
 __all__ = ["Options", "parse_duration"]
 
 T = TypeVar("T")
+_Str = str
+_Bool = bool
+_Int = int
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
@@ -58,21 +61,21 @@ class Options:
         where: How to name the table in error messages (include the file name).
     """
 
-    def __init__(self, table: Mapping[str, Any], where: str) -> None:
+    def __init__(self, table: Mapping[_Str, Any], where: _Str) -> None:
         if not isinstance(table, Mapping):
             raise ConfigError(f"{where}: expected a table, got {type(table).__name__}")
         self._table = dict(table)
-        self._seen: set[str] = set()
+        self._seen: set[_Str] = set()
         self.where = where
 
-    def _get(self, key: str, kinds: tuple[type, ...], default: Any, required: bool) -> Any:
+    def _get(self, key: _Str, kinds: tuple[type, ...], default: Any, required: _Bool) -> Any:
         self._seen.add(key)
         if key not in self._table:
             if required:
                 raise ConfigError(f"{self.where}: missing required key {key!r}")
             return default
         value = self._table[key]
-        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+        ok = isinstance(value, kinds) and not (isinstance(value, _Bool) and _Bool not in kinds)
         if not ok:
             expected = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
             raise ConfigError(
@@ -80,36 +83,36 @@ class Options:
             )
         return value
 
-    def has(self, key: str) -> bool:
+    def has(self, key: _Str) -> _Bool:
         """Whether the table sets ``key`` (marks it as known)."""
         self._seen.add(key)
         return key in self._table
 
-    def str(self, key: str, default: str | None = None, *, required: bool = False) -> Any:
+    def str(self, key: _Str, default: _Str | None = None, *, required: _Bool = False) -> Any:
         """A string value (``default`` when absent)."""
-        return self._get(key, (str,), default, required)
+        return self._get(key, (_Str,), default, required)
 
-    def bool(self, key: str, default: bool = False) -> bool:
+    def bool(self, key: _Str, default: _Bool = False) -> _Bool:
         """A boolean value."""
-        return bool(self._get(key, (bool,), default, False))
+        return bool(self._get(key, (_Bool,), default, False))
 
-    def int(self, key: str, default: int | None = None, *, minimum: int | None = None) -> Any:
+    def int(self, key: _Str, default: _Int | None = None, *, minimum: _Int | None = None) -> Any:
         """An integer value, optionally at least ``minimum``."""
-        value = self._get(key, (int,), default, False)
+        value = self._get(key, (_Int,), default, False)
         if value is not None and minimum is not None and value < minimum:
             raise ConfigError(f"{self.where}: key {key!r} must be at least {minimum}, got {value}")
         return value
 
-    def duration(self, key: str, default: float | None = None) -> Any:
+    def duration(self, key: _Str, default: float | None = None) -> Any:
         """A duration string such as ``"500ms"``, returned in seconds."""
         self._seen.add(key)
         if key not in self._table:
             return default
         return parse_duration(self._table[key], f"{self.where}: key {key!r}")
 
-    def path(self, key: str, default: str | Path | None = None, *, base: Path | None = None) -> Any:
+    def path(self, key: _Str, default: _Str | Path | None = None, *, base: Path | None = None) -> Any:
         """A filesystem path; relative paths are resolved against ``base`` when given."""
-        raw = self._get(key, (str,), None if default is None else str(default), False)
+        raw = self._get(key, (_Str,), None if default is None else str(default), False)
         if raw is None:
             return None
         p = Path(raw).expanduser()
@@ -117,21 +120,21 @@ class Options:
             p = base / p
         return p
 
-    def str_list(self, key: str, default: Sequence[str] = ()) -> list[str]:
+    def str_list(self, key: _Str, default: Sequence[_Str] = ()) -> list[_Str]:
         """A list of strings."""
         value = self._get(key, (list,), list(default), False)
         for i, item in enumerate(value):
-            if not isinstance(item, str):
+            if not isinstance(item, _Str):
                 raise ConfigError(
                     f"{self.where}: key {key!r}[{i}] must be a string, got {type(item).__name__} {item!r}"
                 )
         return list(value)
 
-    def table(self, key: str) -> dict[str, Any]:
+    def table(self, key: _Str) -> dict[_Str, Any]:
         """A sub-table (empty when absent)."""
         return dict(self._get(key, (dict,), {}, False))
 
-    def choice(self, key: str, choices: Sequence[str], default: str) -> str:
+    def choice(self, key: _Str, choices: Sequence[_Str], default: _Str) -> _Str:
         """A string restricted to ``choices``."""
         value = self.str(key, default)
         if value not in choices:

@@ -206,21 +206,24 @@ class WorkQueue:
         while len(self._tasks) < self.concurrency and self._accepting:
             now = self._clock()
             ready: list[Item] = []
+            stale: list[Path] = []
             next_due: float | None = None
-            for path, item in list(self._items.items()):
+            for path, item in self._items.items():  # insertion order: oldest first
                 if path in self._inflight:
                     continue
                 if item.not_before > now:
                     next_due = item.not_before if next_due is None else min(next_due, item.not_before)
                     continue
                 if item.attempts == 0 and not self._needed(item):
-                    del self._items[path]
+                    stale.append(path)
                     continue
                 if ready and item.reason != ready[0].reason:
                     continue
                 ready.append(item)
                 if len(ready) >= self.max_batch:
                     break
+            for path in stale:
+                del self._items[path]
             if not ready:
                 self._on_change()
                 return None if next_due is None else max(0.0, next_due - now)

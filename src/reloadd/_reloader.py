@@ -92,13 +92,18 @@ class Reloader:
         records = self._records_for(cc.name)
         private = records.directory / "plugin"
         private.mkdir(mode=0o700, exist_ok=True)
+        name = cc.name
+
+        def trigger(paths: Iterable[Path] | None) -> None:
+            self._force(name, paths)
+
         ctx = ConsumerContext(
             name=cc.name,
             paths=cc.paths,
             options=cc.options,
             state_dir=private,
             records=records,
-            trigger=lambda paths, _n=cc.name: self._force(_n, paths),
+            trigger=trigger,
             logger=logging.getLogger(f"reloadd.consumer.{cc.name}"),
             config_file=self.config.source,
         )
@@ -153,10 +158,12 @@ class Reloader:
         if len(set(names)) != len(names):
             raise ConfigError(f"consumer names must be unique, got {names}")
         agg = Aggregator(default=Timing(cfg.quiet, cfg.max_delay))
-        for consumer, _, cc in built:
-            if cc is not None and (cc.quiet is not None or cc.max_delay is not None):
-                agg.set_timing(consumer.name, Timing(cc.quiet if cc.quiet is not None else cfg.quiet,
-                                                     cc.max_delay if cc.max_delay is not None else cfg.max_delay))
+        for consumer, _, conf in built:
+            if conf is not None and (conf.quiet is not None or conf.max_delay is not None):
+                agg.set_timing(consumer.name, Timing(
+                    conf.quiet if conf.quiet is not None else cfg.quiet,
+                    conf.max_delay if conf.max_delay is not None else cfg.max_delay,
+                ))
         slots = [self._slot(c, r, cc) for c, r, cc in built]
         self._engine = engine = Engine(slots, agg, clock=self._clock, on_change=self._notify)
         for slot in slots:
@@ -214,7 +221,7 @@ class Reloader:
             exc = rs.outcome.exception() if rs.outcome else None
             if isinstance(exc, WatchLimitError):
                 return 60.0  # persistent: do not spin, rescans cover the gap
-            return min(30.0, 0.1 * 2 ** (rs.attempt_number - 1))
+            return float(min(30.0, 0.1 * 2 ** (rs.attempt_number - 1)))
 
         def before_sleep(rs: tenacity.RetryCallState) -> None:
             exc = rs.outcome.exception() if rs.outcome else None

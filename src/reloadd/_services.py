@@ -147,7 +147,7 @@ async def services(reloader: Reloader, *, notify_socket: str | None = None) -> A
     cfg = reloader.config
     monitor = LoopMonitor()
     health = Health(reloader, monitor)
-    registry = build_registry(reloader, loop_lag=monitor.value)
+    registry = build_registry(reloader, loop_lag=monitor.value, ready=lambda: health.readiness()[0])
     svc = Services(registry=registry, health=health, notifier=Notifier(notify_socket))
     tasks: list[asyncio.Task[Any]] = [asyncio.create_task(monitor.run(), name="reloadd-loop-monitor")]
     http: asyncio.Server | None = None

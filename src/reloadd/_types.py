@@ -6,7 +6,7 @@ import enum
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeAlias, Union
+from typing import Any, TypeAlias
 
 __all__ = [
     "Ack",
@@ -26,7 +26,7 @@ JSONValue: TypeAlias = Any
 """Anything ``json.dumps`` accepts; a consumer's own per-path data."""
 
 
-class ChangeKind(str, enum.Enum):
+class ChangeKind(enum.StrEnum):
     """What happened to a path, as seen by its consumer."""
 
     ADDED = "added"
@@ -39,7 +39,7 @@ class ChangeKind(str, enum.Enum):
     """The path is gone and the consumer had acknowledged (or been handed) it."""
 
 
-class Reason(str, enum.Enum):
+class Reason(enum.StrEnum):
     """Why a batch was formed; exposed to ``exec`` commands as ``reason``."""
 
     STARTUP = "startup"
@@ -141,7 +141,7 @@ class Reject:
     data: JSONValue = None
 
 
-Result: TypeAlias = Union[Ack, Retry, Reject]
+Result: TypeAlias = Ack | Retry | Reject
 """What a consumer says about one path of a batch."""
 
 

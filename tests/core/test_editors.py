@@ -11,7 +11,6 @@ import asyncio
 import os
 import pty
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -89,7 +88,7 @@ async def test_nano_save(watched):
             await asyncio.sleep(0.3)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
+            done, _ = os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 -- WNOHANG never blocks
             if done:
                 break
             try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reloadd import ChangeKind, EventKind, SourceEvent
+from reloadd import ChangeKind
 
 pytestmark = pytest.mark.timeout(120)
 

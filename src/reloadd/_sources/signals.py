@@ -38,9 +38,9 @@ class SignalSource:
             signal.set_wakeup_fd(fd, warn_on_full_buffer=False)
             await asyncio.Event().wait()
         finally:
-            for sig, handler in previous.items():
-                loop.remove_signal_handler(sig)
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            for signum, handler in previous.items():
+                loop.remove_signal_handler(signum)
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
     def _fire(self) -> None:
         self.ctx.logger.info("Received SIGHUP: resyncing every consumer")
