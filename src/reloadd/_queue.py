@@ -271,10 +271,13 @@ class WorkQueue:
             )
             results = {i.path: Retry(f"{type(exc).__name__}: {exc}") for i in items}
         self.stats.batches += 1
-        for item, change in zip(items, changes, strict=True):
-            self._inflight.discard(item.path)
-            self._apply(item, change, results.get(item.path))
-        await self.flush()
+        try:
+            for item, change in zip(items, changes, strict=True):
+                self._apply(item, change, results.get(item.path))
+            await self.flush()  # still in flight until the acknowledgement is durable
+        finally:
+            for item in items:
+                self._inflight.discard(item.path)
 
     def _apply(self, item: Item, change: Change, result: Result | None) -> None:
         path = item.path

@@ -175,7 +175,8 @@ class Reloader:
                 raise
         for slot in slots:
             self._tasks.append(asyncio.create_task(slot.queue.run(), name=f"reloadd-queue-{slot.name}"))
-        self._tasks.append(asyncio.create_task(engine.pump(), name="reloadd-pump"))
+        self._tasks.append(asyncio.create_task(self._supervise("pump", lambda ctx: _Pump(engine)),
+                                               name="reloadd-pump"))
         for name, factory in self._sources():
             self._tasks.append(asyncio.create_task(self._supervise(name, factory), name=f"reloadd-{name}"))
         if self.config.inotify and self._source_factories is None:
@@ -346,3 +347,16 @@ class Reloader:
         if self._engine is None:
             raise RuntimeError("the reloader has not started")
         return self._engine
+
+
+class _Pump:
+    """The engine's pump as a source-like task, so the same supervisor restarts it."""
+
+    name = "pump"
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def run(self) -> None:
+        self.engine.busy = False
+        await self.engine.pump()

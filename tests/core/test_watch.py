@@ -151,3 +151,24 @@ async def test_watch_limit_degrades_to_rescans(tmp_path, recorder_cls, start_rel
         (root / "d29" / "x.conf").write_text("found by the rescan")
         await rec.wait_path(root / "d29" / "x.conf")
     assert caplog.text.count("fs.inotify.max_user_watches") == 1
+
+
+async def test_pump_failure_is_restarted_and_nothing_lost(tmp_path, recorder_cls, start_reloader, caplog):
+    root = tmp_path / "root"
+    root.mkdir()
+    rec = recorder_cls([root])
+    r = await start_reloader(rec, rescan_interval="0s")
+    engine = r.engine
+    real = engine._process
+    failed = []
+
+    async def broken(events):
+        if not failed:
+            failed.append(events)
+            raise RuntimeError("injected pump failure")
+        await real(events)
+
+    engine._process = broken
+    (root / "a.conf").write_text("its event is in the batch that fails")
+    await rec.wait_path(root / "a.conf")
+    assert failed and "Source pump failed, rebuilding the watch: injected pump failure" in caplog.text
