@@ -35,7 +35,7 @@ bench: deps install
 	$(BIN)/python -m bench
 
 faults: deps kube install
-	$(BIN)/pytest -q -p no:cacheprovider tests/faults -m slow
+	RELOADD_RELIABILITY_REPORT=docs/reliability.md $(BIN)/pytest -q -p no:cacheprovider tests/faults -m 'slow or not slow'
 
 clean:
 	rm -rf $(VENV) build dist

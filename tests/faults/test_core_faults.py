@@ -1,0 +1,181 @@
+"""Core faults with figures: SIGTERM during work, and a soak of creates, rewrites, renames and deletes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from reloadd import ChangeKind, Fingerprint
+
+pytestmark = pytest.mark.timeout(300)
+
+SLOW_HOOK = textwrap.dedent(
+    """
+    import json, os, sys, time
+    batch = json.load(sys.stdin)
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "started.log"), "a") as log:
+        for c in batch["changes"]:
+            log.write(os.path.basename(c["path"]) + "\\n")
+    time.sleep(float(os.environ.get("HOOK_SECONDS", "2")))
+    with open(os.path.join(here, "done.log"), "a") as log:
+        for c in batch["changes"]:
+            log.write(os.path.basename(c["path"]) + "\\n")
+    """
+)
+
+
+def lines(p: Path) -> list[str]:
+    return p.read_text().splitlines() if p.exists() else []
+
+
+async def until(pred, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise TimeoutError
+        await asyncio.sleep(0.05)  # another process's files
+
+
+@pytest.mark.parametrize(("grace", "hook_seconds", "finishes"), [("10s", "1", True), ("300ms", "30", False)])
+async def test_sigterm_during_work(tmp_path, grace, hook_seconds, finishes, reliability):
+    root = tmp_path / "root"
+    root.mkdir()
+    (tmp_path / "hook.py").write_text(SLOW_HOOK)
+    cfg = tmp_path / "reloadd.toml"
+    cfg.write_text(textwrap.dedent(f"""
+        [reloadd]
+        state_dir = "{tmp_path / 'state'}"
+        quiet = "100ms"
+        shutdown_grace = "{grace}"
+        [[consumer]]
+        name = "hook"
+        plugin = "exec"
+        paths = ["{root}"]
+        [consumer.options]
+        command = ["{sys.executable}", "{tmp_path / 'hook.py'}"]
+    """))
+    env = {**os.environ, "HOOK_SECONDS": hook_seconds}
+
+    async def start() -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(sys.executable, "-m", "reloadd", "run", "--config", str(cfg),
+                                                    env=env, stderr=asyncio.subprocess.DEVNULL)
+
+    daemon = await start()
+    await asyncio.sleep(1.0)  # let it arm before the write (the start-up pass would find it anyway)
+    (root / "work.conf").write_text("slow to apply")
+    await until(lambda: "work.conf" in lines(tmp_path / "started.log"))
+    t0 = time.monotonic()
+    daemon.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(daemon.wait(), 30) == 0
+    stopped_in = time.monotonic() - t0
+    env["HOOK_SECONDS"] = "0"
+    daemon = await start()
+    try:
+        if finishes:
+            await asyncio.sleep(2.0)  # a redelivery would have started by now
+        else:
+            await until(lambda: lines(tmp_path / "started.log").count("work.conf") == 2)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(daemon.wait(), 30) == 0
+    started = lines(tmp_path / "started.log").count("work.conf")
+    if finishes:
+        assert lines(tmp_path / "done.log") == ["work.conf"]
+        assert started == 1  # finished within the grace period and persisted: not redone
+    else:
+        assert stopped_in < 10  # abandoned after the grace period instead of waiting 30 s
+        assert started == 2  # the abandoned path was handed over again after the restart
+    reliability.record(f"SIGTERM mid-batch, grace {grace}", trials=1, expected=1, delivered=1,
+                       duplicates=0, lost=0,
+                       notes=f"stopped in {stopped_in:.1f}s; {'finished' if finishes else 'abandoned, redone'}")
+
+
+async def soak(tmp_path: Path, recorder_cls, start_reloader, seconds: float, reliability) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+
+    class Slow(recorder_cls):
+        async def handle(self, batch):
+            await asyncio.sleep(0.01 * len(batch.changes) ** 0.5)  # a consumer slower than the writer
+            return await super().handle(batch)
+
+    rec = Slow([root])
+    r = await start_reloader(rec, rescan_interval="2s")
+    proc = Path(f"/proc/{os.getpid()}")
+
+    def rss_kb() -> int:
+        for line in (proc / "status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    fds0, rss0 = len(os.listdir(proc / "fd")), rss_kb()
+    rng = random.Random(7)
+    names = [f"d{i % 10}/f{i}.conf" for i in range(2000)]
+    for d in range(10):
+        (root / f"d{d}").mkdir()
+    ops = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(200):
+            name = rng.choice(names)
+            p = root / name
+            action = rng.random()
+            if action < 0.5:
+                p.write_text(str(rng.random()))
+            elif action < 0.7 and p.exists():
+                os.replace(p, root / rng.choice(names))
+            elif action < 0.85:
+                p.unlink(missing_ok=True)
+            else:
+                tmp = p.with_name("." + p.name + ".tmp")
+                tmp.write_text(str(rng.random()))
+                os.replace(tmp, p)
+            ops += 1
+        await asyncio.sleep(0.01)
+    sentinel = root / "zz-sentinel"
+    sentinel.write_text("end")
+    await rec.wait_path(sentinel, timeout=120)
+    await r.wait_idle(120)
+    fds1, rss1 = len(os.listdir(proc / "fd")), rss_kb()
+    on_disk = {p for p in root.rglob("*.conf") if p.is_file()}
+    last = {}
+    duplicates = 0
+    for c in rec.changes:
+        prev = last.get(c.path)
+        if prev is not None and (prev.kind, prev.fingerprint) == (c.kind, c.fingerprint):
+            duplicates += 1  # the same state handed over twice
+        last[c.path] = c
+    lost = 0
+    for p in on_disk:
+        c = last.get(p)
+        if c is None or c.kind is ChangeKind.DELETED or c.fingerprint != Fingerprint.from_stat(os.stat(p)):
+            lost += 1
+    lost += sum(1 for p, c in last.items() if p not in on_disk and p != sentinel and c.kind is not ChangeKind.DELETED)
+    reliability.record(
+        f"soak {seconds:.0f}s, slowed consumer", trials=1, expected=len(on_disk), delivered=len(rec.changes),
+        duplicates=duplicates, lost=lost,
+        notes=f"{ops} ops; RSS {rss0 // 1024}→{rss1 // 1024} MiB; fds {fds0}→{fds1}",
+    )
+    assert lost == 0
+    assert duplicates == 0
+    assert fds1 <= fds0 + 5
+
+
+async def test_soak_short(tmp_path, recorder_cls, start_reloader, reliability):
+    await soak(tmp_path, recorder_cls, start_reloader, 8.0, reliability)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+async def test_soak_long(tmp_path, recorder_cls, start_reloader, reliability):
+    await soak(tmp_path, recorder_cls, start_reloader, 300.0, reliability)
