@@ -1,0 +1,1 @@
+"""Benchmark of the registry-mirrors consumer (run: python -m bench.registry_mirrors)."""

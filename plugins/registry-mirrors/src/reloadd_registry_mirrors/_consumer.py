@@ -1,0 +1,205 @@
+"""The ``registry-mirrors`` consumer: level-triggered, all-or-nothing, last good kept."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from reloadd import (
+    Ack,
+    BaseConsumer,
+    Batch,
+    ConsumerContext,
+    Options,
+    Reject,
+    Result,
+    TransientError,
+)
+
+from ._containerd import check_config, shadowing
+from ._inputs import Inputs, Outcome, evaluate, read_snapshot
+from ._notify import Notifier, NotifyError
+from ._write import ApplyResult, apply
+
+__all__ = ["RegistryMirrorsConsumer", "Settings"]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The consumer's options, validated.
+
+    Attributes:
+        inputs: registries.conf, registries.conf.d, registries.yaml, certs dirs, size limit.
+        hosts_dir: Where hosts.toml directories are written (containerd's ``config_path`` root).
+        containerd_config: containerd's config.toml to check at start-up (``None``: skip).
+        notify: The action after each apply that changed something.
+    """
+
+    inputs: Inputs
+    hosts_dir: Path
+    containerd_config: Path | None
+    notify: Notifier
+
+    @classmethod
+    def from_context(cls, ctx: ConsumerContext) -> Settings:
+        """Read ``ctx.options`` strictly (unknown keys are a :class:`reloadd.ConfigError`)."""
+        where = f"consumer {ctx.name!r} options"
+        base = ctx.config_file.parent if ctx.config_file else None
+        opts = Options(ctx.options, where=where)
+        main = opts.path("registries_conf", "/etc/containers/registries.conf", base=base)
+        conf_d = opts.path("registries_conf_d", "/etc/containers/registries.conf.d", base=base)
+        yaml = opts.path("registries_yaml", None, base=base)
+        hosts_dir = opts.path("hosts_dir", "/etc/containerd/certs.d", base=base)
+        certs = opts.str_list("certs_dirs", ["/etc/containers/certs.d", "/etc/docker/certs.d"])
+        containerd_config = opts.str("containerd_config", "/etc/containerd/config.toml")
+        max_size = opts.int("max_file_size", 1 << 20, minimum=1)
+        notify = Notifier.from_options(opts.table("notify"), f"{where} notify")
+        opts.finish()
+        return cls(
+            Inputs(main, conf_d, yaml, tuple(Path(c) for c in certs), max_size),
+            hosts_dir,
+            Path(containerd_config) if containerd_config else None,
+            notify,
+        )
+
+
+class RegistryMirrorsConsumer(BaseConsumer):
+    """Keeps ``hosts_dir/<host>/hosts.toml`` in step with containers-registries.conf(5) files.
+
+    Whatever path a batch names, every input is re-read, validated and rendered; only a
+    fully valid set is written. On any error the last good files stay, the offending file
+    gets a :class:`reloadd.Reject` naming it and the entry, the other paths an Ack.
+    """
+
+    def __init__(self, ctx: ConsumerContext, settings: Settings) -> None:
+        super().__init__(ctx)
+        self.settings = settings
+        inputs = settings.inputs
+        self.roots = [p for p in (inputs.main, inputs.conf_d, inputs.yaml) if p is not None]
+        self.stats: dict[str, float] = {
+            "reloads": 0,
+            "reload_failures": 0,
+            "config_valid": 1,
+            "hosts_rendered": 0,
+            "warnings": 0,
+            "files_written": 0,
+            "files_removed": 0,
+            "notify_failures": 0,
+        }
+        self._roots_before: list[Path] = []
+        self._lock = asyncio.Lock()
+        self._last_warnings: frozenset[str] = frozenset()
+        self._held: set[Path] = set()  # acknowledged while another input was broken
+
+    def accepts(self, path: Path) -> bool:
+        """The main file, the registries.yaml, and ``*.conf`` directly in registries.conf.d."""
+        inputs = self.settings.inputs
+        if path in (inputs.main, inputs.yaml):
+            return True
+        return path.parent == inputs.conf_d and path.name.endswith(".conf")
+
+    async def start(self) -> None:
+        """Check containerd's config, then bring hosts_dir in step with the inputs once."""
+        if self.settings.containerd_config is not None:
+            check = await asyncio.to_thread(check_config, self.settings.containerd_config, self.settings.hosts_dir)
+            for warning in check.warnings:
+                self.log.warning("%s", warning)
+            self._roots_before = check.roots_before
+        async with self._lock:
+            try:
+                outcome, _ = await self._reconcile()
+            except TransientError as exc:
+                self.log.error("Failed to apply registry mirrors at start-up: %s", exc)
+                return
+        self._ask_for_unreported(outcome, handed=set())
+
+    async def _reconcile(self) -> tuple[Outcome, ApplyResult | None]:
+        inputs = self.settings.inputs
+        snap = await asyncio.to_thread(read_snapshot, inputs)
+        outcome = evaluate(inputs, snap)
+        self.stats["reloads"] += 1
+        if outcome.rendered is None:
+            self.stats["reload_failures"] += 1
+            self.stats["config_valid"] = 0
+            for diags in outcome.errors.values():
+                for d in diags:
+                    self.log.error("Failed to load %s: %s; the last good hosts.toml files stay", d.path, d)
+            return outcome, None
+        rendered = outcome.rendered
+        hosts_dir = self.settings.hosts_dir
+        try:
+            result = await asyncio.to_thread(apply, hosts_dir, rendered.files)
+        except OSError as exc:
+            self.stats["reload_failures"] += 1
+            raise TransientError(f"cannot write under {hosts_dir}: {exc}") from exc
+        self.stats["config_valid"] = 1
+        self.stats["hosts_rendered"] = len(rendered.files)
+        self.stats["warnings"] = len(rendered.warnings)
+        self.stats["files_written"] += len(result.written)
+        self.stats["files_removed"] += len(result.removed)
+        messages = [str(w) for w in rendered.warnings] + list(result.skipped.values())
+        messages += await asyncio.to_thread(shadowing, hosts_dir, self._roots_before, rendered.files)
+        if frozenset(messages) != self._last_warnings:  # say each warning once, not on every reload
+            for message in messages:
+                if message not in self._last_warnings:
+                    self.log.warning("%s", message)
+            self._last_warnings = frozenset(messages)
+        if result.changed:
+            self.log.info(
+                "Applied registry mirrors in %s: wrote %s, removed %s",
+                hosts_dir,
+                ", ".join(result.written) or "nothing",
+                ", ".join(result.removed) or "nothing",
+            )
+            if self.settings.notify.enabled:
+                try:
+                    await self.settings.notify(sorted(rendered.files), result.written, result.removed)
+                except NotifyError as exc:
+                    self.stats["notify_failures"] += 1
+                    self.log.warning("Failed to notify after applying registry mirrors: %s", exc)
+        return outcome, result
+
+    def _ask_for_unreported(self, outcome: Outcome, handed: set[Path]) -> None:
+        """Have the engine hand over broken inputs it has not seen fail, so they get a Reject."""
+        stale = [
+            p
+            for p in outcome.errors
+            if p not in handed and self.accepts(p) and (p not in self.ctx.records or self.ctx.records[p].error is None)
+        ]
+        if stale:
+            self.ctx.trigger(stale)
+
+    async def handle(self, batch: Batch) -> Mapping[Path, Result]:
+        """Re-read everything; apply all or nothing; Reject the broken files of the batch."""
+        async with self._lock:
+            outcome, result = await self._reconcile()
+        handed = set(batch.paths)
+        if result is None:
+            self._ask_for_unreported(outcome, handed)
+            results: dict[Path, Result] = {}
+            for path in batch.paths:
+                errors = outcome.errors.get(path)
+                if errors:
+                    results[path] = Reject("; ".join(str(d) for d in errors))
+                else:
+                    # Valid itself, but nothing was applied: keep its previous data for now.
+                    record = self.ctx.records.get(path)
+                    results[path] = Ack(record.data if record is not None else None)
+                    self._held.add(path)
+            return results
+        held, self._held = self._held - handed, set()
+        if held:
+            self.ctx.trigger(sorted(held))  # refresh their data now that the set applied
+        rendered = outcome.rendered
+        assert rendered is not None  # result is only set after a successful render
+        return {
+            path: Ack(
+                {
+                    "hosts": sorted(name for name, origin in rendered.origins.items() if origin == path),
+                    "warnings": [str(w) for w in rendered.warnings if w.path == path],
+                }
+            )
+            for path in batch.paths
+        }

@@ -1,0 +1,152 @@
+"""Apply rendered files under ``hosts_dir``: atomic writes, owned-only removals.
+
+Rules, each there because containerd reads these files on every pull:
+
+* a file is written to a temp file in its own directory, fsynced, then renamed over
+  ``hosts.toml`` (a half-written file fails to parse, and containerd then silently
+  drops every mirror for that host);
+* a directory is ours only if its ``hosts.toml`` is a regular file whose first line is
+  :data:`HEADER`; anything else (another tool's file, a symlink) is left alone;
+* names are re-checked here so no path outside ``hosts_dir`` can ever be built.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._hosts import host_dir_name
+from ._render import HEADER
+
+__all__ = ["ApplyResult", "apply", "is_owned"]
+
+HOSTS_FILE = "hosts.toml"
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    """What :func:`apply` did.
+
+    Attributes:
+        written: Directory names whose hosts.toml was (re)written.
+        removed: Directory names whose owned hosts.toml was removed.
+        unchanged: Directory names already up to date.
+        skipped: Directory name → why it was left alone (not ours).
+    """
+
+    written: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything on disk changed."""
+        return bool(self.written or self.removed)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_hosts_file(directory: Path) -> bytes | None:
+    """Content of ``directory/hosts.toml`` if it is a regular file (symlinks not followed)."""
+    try:
+        fd = os.open(directory / HOSTS_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(1 << 20)
+    finally:
+        os.close(fd)
+
+
+def is_owned(directory: Path) -> bool:
+    """Whether ``directory`` is a real directory whose hosts.toml starts with reloadd's header."""
+    try:
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):
+            return False
+    except OSError:
+        return False
+    data = _read_hosts_file(directory)
+    return data is not None and data.split(b"\n", 1)[0] == HEADER.encode()
+
+
+def _write_atomic(directory: Path, text: str) -> None:
+    tmp = directory / f".{HOSTS_FILE}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        try:
+            os.write(fd, text.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, directory / HOSTS_FILE)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(directory)
+
+
+def apply(hosts_dir: Path, files: Mapping[str, str]) -> ApplyResult:
+    """Make ``hosts_dir`` hold exactly ``files`` among the directories reloadd owns.
+
+    Args:
+        hosts_dir: containerd's ``config_path`` root (created if missing).
+        files: Directory name → hosts.toml text, from :func:`render`.
+
+    Raises:
+        ValueError: a name that is not a valid host directory (never reached with rendered input).
+        OSError: the directory cannot be written; nothing already written is rolled back,
+            but every file on disk is always complete.
+    """
+    result = ApplyResult()
+    hosts_dir.mkdir(parents=True, exist_ok=True)
+    root = hosts_dir.resolve()
+    for name, text in sorted(files.items()):
+        directory = root / host_dir_name(name)
+        if directory.parent != root:
+            raise ValueError(f"refusing to write outside {root}: {name!r}")
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            directory.mkdir(mode=0o755)
+            _fsync_dir(root)
+        else:
+            if not stat.S_ISDIR(st.st_mode):
+                result.skipped[name] = f"{directory} exists and is not a directory"
+                continue
+            current = _read_hosts_file(directory)
+            if current is not None and current.split(b"\n", 1)[0] != HEADER.encode():
+                result.skipped[name] = f"{directory / HOSTS_FILE} was not written by reloadd; left alone"
+                continue
+            if current is None and (directory / HOSTS_FILE).is_symlink():
+                result.skipped[name] = f"{directory / HOSTS_FILE} is a symlink; left alone"
+                continue
+            if current == text.encode():
+                result.unchanged.append(name)
+                continue
+        _write_atomic(directory, text)
+        result.written.append(name)
+    for entry in sorted(os.listdir(root)):
+        if entry in files or not is_owned(root / entry):
+            continue
+        (root / entry / HOSTS_FILE).unlink()
+        try:
+            (root / entry).rmdir()
+        except OSError:
+            pass  # other files (certificates) live there too: keep the directory
+        result.removed.append(entry)
+    if result.removed:
+        _fsync_dir(root)
+    return result
