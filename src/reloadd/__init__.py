@@ -34,6 +34,7 @@ from ._types import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_IGNORES",
     "Ack",
     "BaseConsumer",
     "Batch",
@@ -46,7 +47,6 @@ __all__ = [
     "ConsumerContext",
     "ConsumerError",
     "ConsumerFactory",
-    "DEFAULT_IGNORES",
     "EventKind",
     "Fingerprint",
     "JSONValue",

@@ -43,6 +43,7 @@ log = logging.getLogger("reloadd.control")
 
 _MAX_REQUEST = 64 * 1024
 _TIMEOUT = 10.0
+_LIST_MAX = 10  # pending paths listed per consumer in the table
 
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
 _SECRET_KV = re.compile(
@@ -96,20 +97,26 @@ class ControlServer:
         """Create the socket (0600) and start serving.
 
         Raises:
-            ReloaddError: another process is serving the socket, or the path is not a socket.
-            OSError: the socket cannot be created.
+            ReloaddError: another process is serving the socket, the path is not a
+                socket, or the socket cannot be created (``ConfigError`` for the second).
         """
         path = self.path
-        if not path.parent.exists():
-            path.parent.mkdir(parents=True, mode=0o700)
-        _remove_stale(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if not path.parent.exists():
+                path.parent.mkdir(parents=True, mode=0o700)
+            _remove_stale(path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as exc:
+            raise ReloaddError(f"Failed to create the control socket {path}: {exc.strerror or exc}") from exc
         try:
             os.fchmod(sock.fileno(), 0o600)  # Linux: bind() creates the file with this mode
             sock.bind(str(path))
             os.chmod(path, 0o600)
             self._ino = os.stat(path).st_ino
             self._server = await asyncio.start_unix_server(self._on_connection, sock=sock)
+        except OSError as exc:
+            sock.close()
+            raise ReloaddError(f"Failed to create the control socket {path}: {exc.strerror or exc}") from exc
         except BaseException:
             sock.close()
             raise
@@ -287,6 +294,8 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
         f"reloadd {doc.get('version', '?')} (pid {doc.get('pid', '?')}, up {up}): "
         f"{'ready' if doc.get('ready') else 'NOT READY'}, watch {doc.get('watch', '?')}"
     )
+    for problem in doc.get("ready_problems", []):
+        lines.append(f"not ready: {problem}")
     if doc.get("metrics"):
         lines.append(f"metrics: {doc['metrics']}")
     for name, c in sorted(doc.get("consumers", {}).items()):
@@ -303,6 +312,12 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
             lines.append(f"  waiting:   oldest for {_ago(c['oldest_pending_age'])}")
         for p in c.get("in_flight", []):
             lines.append(f"  working:   {p}")
+        failing = {f["path"] for f in c.get("failing", [])}
+        waiting = [p for p in c.get("pending", []) if p not in failing]
+        for p in waiting[:_LIST_MAX]:
+            lines.append(f"  pending:   {p}")
+        if len(waiting) > _LIST_MAX:
+            lines.append(f"  pending:   ... and {len(waiting) - _LIST_MAX} more (--json lists all)")
         for f in c.get("failing", []):
             at = f.get("next_retry_at")
             when = f"retry in {f.get('retry_in', 0):.1f}s" + (f" (at {_clock(at)})" if at else "")

@@ -51,6 +51,7 @@ class Slot:
 
     def __post_init__(self) -> None:
         self._owns: dict[Path, bool] = {}
+        self._bad_accepts: set[Path] = set()
 
     def owns(self, path: Path) -> bool:
         """Whether ``path`` is this consumer's business (the path filter is memoised)."""
@@ -59,7 +60,15 @@ class Slot:
             if len(self._owns) >= _OWNS_CACHE:
                 self._owns.clear()
             hit = self._owns[path] = self.filter(path)
-        return hit and self.consumer.accepts(path)
+        if not hit:
+            return False
+        try:
+            return bool(self.consumer.accepts(path))
+        except Exception as exc:  # a plugin bug must not stop the pump for everyone
+            if path not in self._bad_accepts:
+                self._bad_accepts.add(path)
+                log.error("Failed to filter %s in consumer %s: %s", path, self.name, exc)
+            return False
 
 
 @dataclass(frozen=True)
@@ -168,7 +177,8 @@ class Engine:
             if ev.kind is EventKind.RESCAN:
                 if ev.source == "inotify":
                     self.stats.overflows += 1
-                rescan = Reason.STARTUP if ev.source == "startup" else Reason.RESCAN
+                if rescan is not Reason.STARTUP:
+                    rescan = Reason.STARTUP if ev.source == "startup" else Reason.RESCAN
             elif ev.kind is EventKind.RESYNC:
                 resync = True
             elif ev.kind is EventKind.SUBTREE and ev.path is not None:
@@ -207,7 +217,11 @@ class Engine:
     async def reconcile(
         self, tops: list[Path] | None, reason: Reason, *, forced: bool = False, only: str | None = None
     ) -> None:
-        """Walk ``tops`` (every root when ``None``) and observe what differs from the records."""
+        """Walk ``tops`` (every root when ``None``) and observe what differs from the records.
+
+        The walk and the diff against each consumer's records run in a worker thread on
+        copies taken here, so a 100k-file rescan does not stall the event loop.
+        """
         slots = [self.slots[only]] if only else list(self.slots.values())
         jobs: list[tuple[Path, Path, bool]] = []  # (top, root, recursive)
         for s in slots:
@@ -221,29 +235,27 @@ class Engine:
                     elif under(root, top):
                         jobs.append((root, root, s.filter.recursive))
         jobs = list(dict.fromkeys(jobs))
+        views = [
+            _View(s.name, s.filter, dict(s._owns), {p: r.fingerprint for p, r in s.records.items()})
+            for s in slots
+        ]
+        pending = set(self.agg.keys())
         started = time.perf_counter()
-        found = await asyncio.to_thread(_walk_all, jobs)
+        diff = await asyncio.to_thread(_diff, jobs, views, tops, forced, pending)
         if tops is None:
             self.stats.rescans += 1
             self.stats.rescan_seconds += time.perf_counter() - started
+        for view in views:
+            slot = self.slots.get(view.name)
+            if slot is not None:
+                slot._owns.update(view.learned)
+        for path, error in diff.errors:
+            self._warn(path, error)
         now = self.clock()
-        scope = tops if tops is not None else None
-        for s in slots:
-            roots = s.filter.roots
-            for path, pr in found.items():
-                if not s.owns(path):
-                    continue
-                if pr.error is not None:
-                    self._warn(path, pr.error)
-                    continue
-                rec = s.records.get(path)
-                key = (s.name, path)
-                if forced or rec is None or rec.fingerprint != pr.fingerprint or key in self.agg:
-                    self.agg.observe(key, now, reason=reason, forced=forced, verify=True)
-            for path in list(s.records):
-                inside = any(under(path, t) for t in (scope if scope is not None else roots))
-                if inside and (path not in found or found[path].fingerprint is None):
-                    self.agg.observe((s.name, path), now, reason=reason, forced=forced, verify=True)
+        for name, path in diff.observe:
+            slot = self.slots.get(name)
+            if slot is not None and (path in slot.records or slot.owns(path)):
+                self.agg.observe((name, path), now, reason=reason, forced=forced, verify=True)
 
     def _warn(self, path: Path, error: str) -> None:
         if self._warned.get(path) != error:
@@ -282,9 +294,12 @@ class Engine:
             if slot is None:
                 continue
             digest = digests.get((key[1], fp)) if fp is not None else None
-            if fp is not None and slot.consumer.content_digest and digest is None:
+            if digest is _CHANGED:
                 self.agg.observe(key, self.clock(), reason=reason, forced=forced, verify=True)
                 continue  # changed while being read: settle again
+            if digest is not None and digest.startswith(_UNREADABLE):
+                self._warn(key[1], f"cannot read for a content digest: {digest[len(_UNREADABLE):]}")
+                digest = None  # hand it over without one: the consumer reports its own error
             self.stats.handed_over += 1
             slot.queue.put(Item(key[1], root, fp, digest, forced, reason))
 
@@ -306,7 +321,71 @@ def _probe_all(jobs: list[tuple[Key, Path]]) -> list[Probe]:
     return [probe(key[1], root) for key, root in jobs]
 
 
+_CHANGED = "changed"
+_UNREADABLE = "unreadable:"
+
+
 def _digest_all(
     cache: DigestCache, want: list[tuple[Path, Fingerprint]]
 ) -> dict[tuple[Path, Fingerprint], str | None]:
-    return {(p, fp): cache.digest(p, fp) for p, fp in want}
+    out: dict[tuple[Path, Fingerprint], str | None] = {}
+    for p, fp in want:
+        try:
+            d = cache.digest(p, fp)
+        except OSError as exc:
+            d = _UNREADABLE + (exc.strerror or str(exc))
+        out[(p, fp)] = _CHANGED if d is None else d
+    return out
+
+
+@dataclass
+class _View:
+    """A consumer as the reconcile thread sees it: copies, never the live objects."""
+
+    name: str
+    filter: PathFilter
+    owns: dict[Path, bool]
+    fingerprints: dict[Path, Fingerprint | None]
+    learned: dict[Path, bool] = field(default_factory=dict)
+
+
+@dataclass
+class _Diff:
+    observe: list[tuple[str, Path]] = field(default_factory=list)
+    errors: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def _diff(
+    jobs: list[tuple[Path, Path, bool]],
+    views: list[_View],
+    tops: list[Path] | None,
+    forced: bool,
+    pending: set[Key],
+) -> _Diff:
+    """Walk and compare with each consumer's acknowledged fingerprints (blocking)."""
+    found = _walk_all(jobs)
+    out = _Diff()
+    warned: set[Path] = set()
+    for v in views:
+        for path, pr in found.items():
+            owned = v.owns.get(path)
+            if owned is None:
+                owned = v.learned[path] = v.filter(path)
+            if not owned:
+                continue
+            if pr.error is not None:
+                if path not in warned:
+                    warned.add(path)
+                    out.errors.append((path, pr.error))
+                continue
+            if forced or v.fingerprints.get(path, _MISSING) != pr.fingerprint or (v.name, path) in pending:
+                out.observe.append((v.name, path))
+        scopes = tops if tops is not None else list(v.filter.roots)
+        for path in v.fingerprints:
+            pr_found = found.get(path)
+            if (pr_found is None or pr_found.fingerprint is None) and any(under(path, t) for t in scopes):
+                out.observe.append((v.name, path))
+    return out
+
+
+_MISSING: object = object()

@@ -39,8 +39,10 @@ def is_kubelet_internal(name: str) -> bool:
 
 
 def under(path: Path, root: Path) -> bool:
-    """Whether ``path`` is ``root`` or lies beneath it (purely lexical)."""
-    return path == root or root in path.parents
+    """Whether ``path`` is ``root`` or lies beneath it (purely lexical, string-prefix fast)."""
+    r = str(root)
+    p = str(path)
+    return p == r or p.startswith(r if r.endswith("/") else r + "/")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ from urllib.parse import urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from ._errors import ConfigError
+from ._errors import ConfigError, ReloaddError
+from ._metrics import queue_counts
 
 if TYPE_CHECKING:
     from ._reloader import Reloader
@@ -144,9 +145,8 @@ class Health:
         if not engine.startup_done.is_set() or engine.busy or not engine.inbox.empty() or len(engine.agg):
             return False
         for slot in engine.slots.values():
-            st = slot.queue.status()
-            retrying = {f["path"] for f in st["failing"]}
-            if st["in_flight"] or any(p not in retrying for p in st["pending"]):
+            counts = queue_counts(slot.queue, slot.records)
+            if counts.in_flight or counts.untried:
                 return False
         self._initial_done = True
         return True
@@ -233,7 +233,7 @@ async def start_http(listen: str, handler: Handler) -> asyncio.Server:
 
     Raises:
         ConfigError: ``listen`` is malformed.
-        OSError: the address cannot be bound (in use, not local).
+        ReloaddError: the address cannot be bound (in use, not local).
     """
     host, port = parse_listen(listen)
 
@@ -251,7 +251,10 @@ async def start_http(listen: str, handler: Handler) -> asyncio.Server:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    server = await asyncio.start_server(on_connection, host, port, reuse_address=True)
+    try:
+        server = await asyncio.start_server(on_connection, host, port, reuse_address=True)
+    except OSError as exc:
+        raise ReloaddError(f"Failed to listen on {listen} (metrics_listen): {exc.strerror or exc}") from exc
     for sock in server.sockets:
         addr = sock.getsockname()
         log.info("Serving /metrics, /healthz and /readyz on http://%s:%d",

@@ -39,6 +39,8 @@ def parse_duration(value: object, where: str) -> float:
         m = _DURATION.match(value)
         if m:
             return float(m.group(1)) * _UNITS[m.group(2)]
+        if value.strip() == "0":
+            return 0.0  # "0" needs no unit
     raise ConfigError(f"{where}: expected a duration like \"200ms\" or \"15s\", got {value!r}")
 
 

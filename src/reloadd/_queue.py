@@ -157,6 +157,8 @@ class WorkQueue:
         """Queue a settled path, merging with what is already queued for it."""
         old = self._items.get(item.path)
         if old is not None:
+            if old.fingerprint == item.fingerprint and not item.forced:
+                return  # nothing new (a rescan re-finding a path in backoff): keep its backoff
             item.forced = item.forced or old.forced
             item.since = old.since
         else:
@@ -320,13 +322,15 @@ class WorkQueue:
             self._items.setdefault(path, item)
 
     async def flush(self) -> None:
-        """Persist buffered record changes (off the event loop)."""
+        """Persist buffered record changes (written off the event loop, from a copy taken on it)."""
         async with self._flush_lock:
-            if not self.records.dirty:
+            job = self.records.prepare()
+            if job is None:
                 return
             try:
-                await asyncio.to_thread(self.records.flush)
+                await asyncio.to_thread(self.records.write, job)
             except StateError as exc:
+                self.records.failed(job)
                 log.error("Failed to persist state of consumer %s: %s", self.consumer.name, exc)
 
     async def drain(self, grace: float) -> None:

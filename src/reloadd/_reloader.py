@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -25,7 +27,7 @@ from ._aggregator import Aggregator, Timing
 from ._config import Config, ConsumerConfig
 from ._consumer import Consumer, ConsumerContext
 from ._engine import Engine, Force, Slot
-from ._errors import ConfigError, PluginError, WatchLimitError
+from ._errors import ConfigError, PluginError, StateError, WatchLimitError
 from ._filters import PathFilter
 from ._plugins import CONSUMER_GROUP, SOURCE_GROUP, load
 from ._queue import WorkQueue
@@ -74,6 +76,7 @@ class Reloader:
         self.ready = False
         self._started = False
         self._closed = False
+        self._lock: int | None = None
 
     # Building ----------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -146,7 +149,15 @@ class Reloader:
         if self._started:
             return
         self._started = True
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
         cfg = self.config
+        self._lock = await asyncio.to_thread(_lock_state_dir, cfg.state_dir)
         built: list[tuple[Consumer, RecordStore, ConsumerConfig | None]] = []
         for cc in cfg.consumers:
             consumer, records = await asyncio.to_thread(self._build_configured, cc)
@@ -171,7 +182,6 @@ class Reloader:
                 await slot.consumer.start()
             except Exception as exc:
                 log.error("Failed to start consumer %s: %s", slot.name, exc)
-                await self.close()
                 raise
         for slot in slots:
             self._tasks.append(asyncio.create_task(slot.queue.run(), name=f"reloadd-queue-{slot.name}"))
@@ -290,6 +300,9 @@ class Reloader:
                 except Exception as exc:
                     log.error("Failed to close consumer %s: %s", slot.name, exc)
         self.watch_state = "stopped"
+        if self._lock is not None:
+            os.close(self._lock)  # releases the flock
+            self._lock = None
 
     # Control -----------------------------------------------------------------------
     def _force(self, consumer: str | None, paths: Iterable[Path] | None) -> None:
@@ -360,3 +373,21 @@ class _Pump:
     async def run(self) -> None:
         self.engine.busy = False
         await self.engine.pump()
+
+
+def _lock_state_dir(state_dir: Path) -> int:
+    """Take an exclusive lock on ``state_dir`` so two daemons never share (and corrupt) its state."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(state_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StateError(f"Failed to open state directory {state_dir}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise StateError(
+            f"state_dir {state_dir} is in use by another reloadd (its lock is held); "
+            "give each daemon its own state_dir"
+        ) from exc
+    return fd

@@ -63,9 +63,10 @@ def probe(path: Path, root: Path) -> Probe:
             return Probe(None)  # dangling: as good as absent
         except OSError as exc:
             return Probe(None, f"cannot resolve symlink: {exc.strerror or exc}")
-        real_root = Path(os.path.realpath(root if root != path else root.parent))
-        if not under(target, real_root):
-            return Probe(None, f"symlink resolves to {target}, outside the watched root {root}")
+        if path != root:  # a configured file root may point anywhere; entries below a root may not
+            real_root = Path(os.path.realpath(root))
+            if not under(target, real_root):
+                return Probe(None, f"symlink resolves to {target}, outside the watched root {root}")
         try:
             st = os.stat(path)
         except OSError as exc:
@@ -85,7 +86,7 @@ def walk(top: Path, root: Path, *, recursive: bool = True) -> Iterator[tuple[Pat
     kubelet's ``..`` bookkeeping directories are skipped.
     """
     try:
-        st = os.lstat(top)
+        st = os.stat(top) if top == root else os.lstat(top)  # a root may be a symlink to its directory
     except OSError:
         return
     if not stat.S_ISDIR(st.st_mode):
@@ -136,7 +137,11 @@ class DigestCache:
         self._max = max_entries
 
     def digest(self, path: Path, fp: Fingerprint) -> str | None:
-        """The digest of ``path`` if it still has fingerprint ``fp``; ``None`` if it moved on."""
+        """The digest of ``path`` if it still has fingerprint ``fp``; ``None`` if it moved on.
+
+        Raises:
+            OSError: the file exists but cannot be read (permissions, I/O error).
+        """
         key = (path, fp)
         hit = self._cache.get(key)
         if hit is not None:
@@ -145,8 +150,8 @@ class DigestCache:
         try:
             # O_NONBLOCK: never hang on a FIFO swapped in after the stat.
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            return None
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # gone since the stat
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or Fingerprint.from_stat(st) != fp:
@@ -158,8 +163,6 @@ class DigestCache:
                 h.update(chunk)
             if Fingerprint.from_stat(os.fstat(fd)) != fp:
                 return None  # written to while we read
-        except OSError:
-            return None
         finally:
             os.close(fd)
         value = h.hexdigest()

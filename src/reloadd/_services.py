@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry
 
 from ._control import ControlServer
 from ._http import Health, LoopMonitor, endpoints, start_http
-from ._metrics import build_registry
+from ._metrics import build_registry, queue_counts
 from ._sdnotify import Notifier, watchdog_interval
 
 if TYPE_CHECKING:
@@ -80,12 +80,15 @@ class Services:
 
 def status_line(reloader: Reloader) -> str:
     """One line for systemd's ``STATUS=``."""
-    doc = reloader.status()
-    consumers = doc["consumers"]
-    pending = sum(len(c["pending"]) for c in consumers.values())
-    failing = sum(len(c["failing"]) for c in consumers.values())
-    rejected = sum(len(c["rejected"]) for c in consumers.values())
-    parts = [f"{len(consumers)} consumer(s)", f"watch {doc['watch']}", f"{pending} pending"]
+    try:
+        slots = list(reloader.engine.slots.values())
+    except RuntimeError:
+        return f"watch {reloader.watch_state}"
+    counts = [queue_counts(s.queue, s.records) for s in slots]
+    pending = sum(c.pending for c in counts)
+    failing = sum(c.failing for c in counts)
+    rejected = sum(c.rejected for c in counts)
+    parts = [f"{len(slots)} consumer(s)", f"watch {reloader.watch_state}", f"{pending} pending"]
     if failing:
         parts.append(f"{failing} failing")
     if rejected:
@@ -105,11 +108,14 @@ async def _wait_stop(reloader: Reloader, within: float | None) -> bool:
 async def _systemd(reloader: Reloader, health: Health, notifier: Notifier) -> None:
     """READY=1 after the initial pass, WATCHDOG=1 pings, STATUS= refreshes, STOPPING=1."""
     interval = watchdog_interval()
+    loop = asyncio.get_running_loop()
     notifier.send(STATUS="starting: initial pass")
     # Ping the watchdog during start-up too: a large initial pass must not look like a hang.
+    last_ping = -float("inf")
     while not health.initial_pass_done():
-        if interval is not None:
+        if interval is not None and loop.time() - last_ping >= interval:
             notifier.send(WATCHDOG=1)
+            last_ping = loop.time()
         with contextlib.suppress(TimeoutError, RuntimeError):
             # wait_idle wakes on every state change; RuntimeError: not started yet
             await reloader.wait_idle(min(0.5, interval or 0.5))
@@ -140,9 +146,9 @@ async def services(reloader: Reloader, *, notify_socket: str | None = None) -> A
         notify_socket: The systemd notification socket; default ``$NOTIFY_SOCKET``.
 
     Raises:
-        ConfigError: ``metrics_listen`` is malformed.
-        ReloaddError: another daemon holds the control socket.
-        OSError: the HTTP address or the control socket cannot be bound.
+        ConfigError: ``metrics_listen`` is malformed, or ``control_socket`` names a non-socket.
+        ReloaddError: the HTTP address or the control socket cannot be bound (in use,
+            another daemon serving it).
     """
     cfg = reloader.config
     monitor = LoopMonitor()
@@ -158,8 +164,11 @@ async def services(reloader: Reloader, *, notify_socket: str | None = None) -> A
             host, port = http.sockets[0].getsockname()[:2]
             svc.http_address = (host, port)
         if cfg.control_socket:
-            control = ControlServer(reloader, cfg.control_socket,
-                                    extra=lambda: {"metrics": svc.metrics_url})
+            def extra() -> dict[str, Any]:
+                ready, doc = health.readiness()  # the same verdict as /readyz
+                return {"ready": ready, "ready_problems": doc["problems"], "metrics": svc.metrics_url}
+
+            control = ControlServer(reloader, cfg.control_socket, extra=extra)
             await control.start()
             svc.control_socket = cfg.control_socket
         if svc.notifier.enabled:

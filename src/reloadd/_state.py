@@ -16,13 +16,14 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._errors import StateError
 from ._types import Fingerprint, PathRecord
 
-__all__ = ["RecordStore", "atomic_write"]
+__all__ = ["FlushJob", "RecordStore", "atomic_write"]
 
 log = logging.getLogger("reloadd.state")
 
@@ -142,20 +143,26 @@ class RecordStore(Mapping[Path, PathRecord]):
         except (ValueError, AttributeError, TypeError) as exc:
             raise StateError(f"{self._snapshot}: corrupt state file: {exc}") from exc
         lines = 0
+        good_end = 0
         try:
             with open(self._journal, "rb") as fh:
                 for line in fh:
                     lines += 1
                     try:
+                        if not line.endswith(b"\n"):
+                            raise ValueError("no newline")
                         op = json.loads(line)
                         path = Path(op["p"])
                     except (ValueError, KeyError, TypeError):
                         log.warning("Ignoring torn line %d of %s", lines, self._journal)
                         continue
+                    good_end = fh.tell()
                     if op.get("del"):
                         records.pop(path, None)
                     else:
                         records[path] = _decode(op.get("r", {}))
+            if os.path.getsize(self._journal) != good_end:
+                os.truncate(self._journal, good_end)  # the next append must not glue onto a torn line
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -178,19 +185,31 @@ class RecordStore(Mapping[Path, PathRecord]):
         """Whether there are unflushed mutations."""
         return bool(self._buffer)
 
-    def flush(self) -> None:
-        """Append buffered mutations to the journal and fsync (blocking).
+    def prepare(self) -> FlushJob | None:
+        """Detach the buffered mutations for :meth:`write` (call on the owning thread)."""
+        if not self._buffer:
+            return None
+        lines, self._buffer = self._buffer, []
+        snapshot = None
+        if self._journal_lines + len(lines) > self._compact_after:
+            snapshot = {str(p): _encode(r) for p, r in self._records.items()}
+        return FlushJob(lines, snapshot)
+
+    def failed(self, job: FlushJob) -> None:
+        """Put a job that could not be written back in front of the buffer (retried next flush)."""
+        self._buffer[:0] = job.lines
+
+    def write(self, job: FlushJob) -> None:
+        """Append ``job`` to the journal and fsync, or compact (blocking; any thread).
 
         Raises:
-            StateError: when the journal cannot be written; the buffer is kept so a
-                later flush retries, and the in-memory records stay current.
+            StateError: when the journal or snapshot cannot be written; the journal is
+                left without a torn half-batch.
         """
-        if not self._buffer:
+        if job.snapshot is not None:
+            self._compact(job.snapshot)
             return
-        if self._journal_lines + len(self._buffer) > self._compact_after:
-            self.compact()
-            return
-        data = ("\n".join(self._buffer) + "\n").encode()
+        data = ("\n".join(job.lines) + "\n").encode()
         try:
             fd = os.open(self._journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
@@ -208,20 +227,37 @@ class RecordStore(Mapping[Path, PathRecord]):
                 os.close(fd)
         except OSError as exc:
             raise StateError(f"Failed to write {self._journal}: {exc.strerror or exc}") from exc
-        self._journal_lines += len(self._buffer)
-        self._buffer.clear()
+        self._journal_lines += len(job.lines)
+
+    def flush(self) -> None:
+        """:meth:`prepare` and :meth:`write` in one blocking call."""
+        job = self.prepare()
+        if job is None:
+            return
+        try:
+            self.write(job)
+        except StateError:
+            self.failed(job)
+            raise
 
     def compact(self) -> None:
         """Write a new snapshot of every record and start a new journal (blocking)."""
+        self._buffer.clear()
+        self._compact({str(p): _encode(r) for p, r in self._records.items()})
+
+    def _compact(self, records: dict[str, Any]) -> None:
         old = self._journal
-        doc = {
-            "version": _VERSION,
-            "gen": self._gen + 1,
-            "records": {str(p): _encode(r) for p, r in self._records.items()},
-        }
+        doc = {"version": _VERSION, "gen": self._gen + 1, "records": records}
         atomic_write(self._snapshot, json.dumps(doc, separators=(",", ":")).encode())
         self._gen += 1
         with contextlib.suppress(OSError):
             os.unlink(old)
         self._journal_lines = 0
-        self._buffer.clear()
+
+
+@dataclass(frozen=True)
+class FlushJob:
+    """Mutations detached from the buffer; ``snapshot`` set when this flush compacts."""
+
+    lines: list[str]
+    snapshot: dict[str, Any] | None = None

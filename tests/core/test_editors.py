@@ -88,7 +88,7 @@ async def test_nano_save(watched):
             await asyncio.sleep(0.3)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            done, _ = os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 -- WNOHANG never blocks
+            done, _ = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
             try:

@@ -93,3 +93,23 @@ async def test_trigger_forces_one_path(tmp_path, recorder_cls, start_reloader):
     await r.wait_idle(10)
     assert rec.changes_for(root / "a.conf")[-1].forced
     assert len(rec.changes_for(root / "b.conf")) == 1
+
+
+async def test_embedders_asyncio_handler_restored(tmp_path, recorder_cls):
+    from reloadd import Reloader
+
+    from ..conftest import config_for
+
+    loop = asyncio.get_running_loop()
+    seen = asyncio.Event()
+    loop.add_signal_handler(signal.SIGHUP, seen.set)
+    try:
+        root = tmp_path / "root"
+        root.mkdir()
+        async with Reloader(config_for(tmp_path), consumers=[recorder_cls([root])],
+                            install_signal_handlers=True) as r:
+            await r.wait_idle(10)
+        os.kill(os.getpid(), signal.SIGHUP)
+        await asyncio.wait_for(seen.wait(), 5)
+    finally:
+        loop.remove_signal_handler(signal.SIGHUP)

@@ -202,7 +202,23 @@ def test_atomic_write_on_a_full_disk_leaves_old_file(tmp_path):
 
 
 def test_public_api_is_curated_and_sorted():
-    assert reloadd.__all__ == sorted(reloadd.__all__)
+    def isort_style(name: str) -> tuple[int, str]:  # constants, then classes, then functions (ruff RUF022)
+        return (0 if name.isupper() else 1 if name[0].isupper() else 2, name)
+
+    assert reloadd.__all__ == sorted(reloadd.__all__, key=isort_style)
+    assert set(reloadd.__all__) == {n for n in vars(reloadd) if not n.startswith("_") and n != "annotations"}
     for name in reloadd.__all__:
         assert getattr(reloadd, name) is not None
         assert getattr(reloadd, name).__doc__ or name in ("JSONValue", "Result", "ConsumerFactory", "DEFAULT_IGNORES")
+
+
+async def test_state_dir_is_locked(tmp_path):
+    from reloadd import Reloader, StateError, parse_config
+
+    cfg = parse_config({"reloadd": {"state_dir": str(tmp_path / "state")}})
+    async with Reloader(cfg):
+        with pytest.raises(StateError, match="in use by another reloadd"):
+            async with Reloader(cfg):
+                pass
+    async with Reloader(cfg):  # released on close
+        pass

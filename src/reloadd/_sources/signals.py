@@ -1,7 +1,9 @@
 """SIGHUP as a forced resync, installed so that the previous handler comes back on close.
 
 uvicorn's lesson: a library embedded in another daemon must not hijack its signals. The
-handler only *records* (emits an event); the engine acts on it in its own time.
+handler only *records* (emits an event); the engine acts on it in its own time. Whatever
+handled SIGHUP before — a plain ``signal.signal`` handler or the embedder's own
+``loop.add_signal_handler`` callback — is put back when the source stops.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ class SignalSource:
     async def run(self) -> None:
         """Install the handler, wait until cancelled, then restore the previous one."""
         loop = asyncio.get_running_loop()
-        previous: dict[int, Any] = {}
+        # asyncio keeps its callbacks in a private map; read it defensively, only to restore.
+        loop_handlers: dict[int, Any] = getattr(loop, "_signal_handlers", {})
+        previous: dict[int, tuple[Any, Any]] = {}
         try:
             for sig in self.signals:
-                previous[sig] = signal.getsignal(sig)
+                previous[sig] = (signal.getsignal(sig), loop_handlers.get(sig))
                 loop.add_signal_handler(sig, self._fire)
             # A burst of signals may fill asyncio's wake-up socket; the dropped bytes are
             # only duplicates of a resync already queued, so do not warn about them.
@@ -38,9 +42,12 @@ class SignalSource:
             signal.set_wakeup_fd(fd, warn_on_full_buffer=False)
             await asyncio.Event().wait()
         finally:
-            for signum, handler in previous.items():
+            for signum, (handler, callback) in previous.items():
                 loop.remove_signal_handler(signum)
-                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+                if callback is not None:  # the embedder's own asyncio handler
+                    loop.add_signal_handler(signum, callback._callback, *callback._args)
+                else:
+                    signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
     def _fire(self) -> None:
         self.ctx.logger.info("Received SIGHUP: resyncing every consumer")
