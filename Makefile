@@ -37,5 +37,8 @@ bench: deps install
 faults: deps kube install
 	RELOADD_RELIABILITY_REPORT=docs/reliability.md $(BIN)/pytest -q -p no:cacheprovider tests/faults -m 'slow or not slow'
 
+protos: install
+	bash plugins/containerd-images/gen_protos.sh
+
 clean:
 	rm -rf $(VENV) build dist

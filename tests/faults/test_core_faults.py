@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from hashlib import sha256
 import random
 import signal
 import sys
 import textwrap
 import time
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
