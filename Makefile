@@ -29,7 +29,7 @@ check: install
 	$(BIN)/mypy src $(foreach p,$(PLUGINS),$(p)src)
 
 demo: deps install
-	$(BIN)/python examples/demo/run_demo.py
+	$(BIN)/python -m examples.demo.run_demo
 
 bench: deps install
 	$(BIN)/python -m bench

@@ -4,7 +4,7 @@
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for pkg in containerd docker-registry skopeo etcd-server openssl curl python3-venv vim nano rsync; do
+for pkg in containerd docker-registry skopeo etcd-server openssl curl python3-venv vim nano rsync systemd; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

@@ -38,7 +38,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from ._errors import ConfigError, ReloaddError
-from ._metrics import queue_counts
 
 if TYPE_CHECKING:
     from ._reloader import Reloader
@@ -145,7 +144,7 @@ class Health:
         if not engine.startup_done.is_set() or engine.busy or not engine.inbox.empty() or len(engine.agg):
             return False
         for slot in engine.slots.values():
-            counts = queue_counts(slot.queue, slot.records)
+            counts = slot.queue.counts()
             if counts.in_flight or counts.untried:
                 return False
         self._initial_done = True
@@ -158,7 +157,7 @@ class Health:
             return True
         # Without inotify (or with injected sources) nothing ever reports "armed":
         # the periodic rescan is the watch.
-        return state == "starting" and (not r.config.inotify or r._source_factories is not None)
+        return state.startswith("rescan-only") or (state == "starting" and "inotify" not in r.source_names)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """``(ready, details)`` as served by ``/readyz``."""
@@ -182,16 +181,7 @@ class Health:
 
     def dead_tasks(self) -> list[str]:
         """Names of the reloader's internal tasks that ended while it is still running."""
-        r = self.reloader
-        if r._stop.is_set():
-            return []
-        dead = []
-        for t in r._tasks:
-            if t.done():
-                failed = t.cancelled() or t.exception() is not None
-                if failed or t.get_name().startswith(("reloadd-pump", "reloadd-queue-")):
-                    dead.append(t.get_name())
-        return dead
+        return self.reloader.dead_tasks()
 
     def liveness(self) -> tuple[bool, dict[str, Any]]:
         """``(alive, details)`` as served by ``/healthz``."""

@@ -39,11 +39,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import os
 import platform
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -59,11 +56,9 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from ._engine import Engine
-    from ._queue import WorkQueue
     from ._reloader import Reloader
-    from ._types import PathRecord
 
-__all__ = ["QueueCounts", "ReloaderCollector", "build_registry", "inotify_watches", "queue_counts"]
+__all__ = ["ReloaderCollector", "build_registry"]
 
 
 def _version() -> str:
@@ -71,55 +66,6 @@ def _version() -> str:
         return importlib.metadata.version("reloadd")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-def inotify_watches(pid: str = "self") -> int | None:
-    """inotify watches held by a process, as the kernel counts them (``None`` if unknown).
-
-    Reads ``/proc/<pid>/fdinfo``: every inotify descriptor lists one ``inotify wd:`` line
-    per watch. In an embedding process this includes the host's own inotify watches.
-    """
-    base = f"/proc/{pid}"
-    try:
-        fds = os.listdir(f"{base}/fd")
-    except OSError:
-        return None
-    total = 0
-    for fd in fds:
-        try:
-            if os.readlink(f"{base}/fd/{fd}") != "anon_inode:inotify":
-                continue
-            with open(f"{base}/fdinfo/{fd}", encoding="ascii", errors="replace") as f:
-                total += sum(1 for line in f if line.startswith("inotify wd:"))
-        except OSError:
-            continue  # closed between listdir and read
-    return total
-
-
-@dataclass(frozen=True, slots=True)
-class QueueCounts:
-    """A consumer queue's sizes, counted without building :meth:`WorkQueue.status` (cheap at scrape time)."""
-
-    pending: int
-    in_flight: int
-    failing: int
-    untried: int
-    rejected: int
-
-
-def queue_counts(queue: WorkQueue, records: Mapping[Path, PathRecord]) -> QueueCounts:
-    """Count a queue's waiting, in-flight, retrying and never-tried paths and its rejected records.
-
-    ``WorkQueue.status()`` lists every path and walks the record store through the
-    ``Mapping`` protocol, which costs tens of milliseconds at 50k files; this reads the
-    same state directly and runs on every scrape, readiness check and ``STATUS=`` line.
-    """
-    items = queue._items
-    failing = sum(1 for i in items.values() if i.last_error is not None)
-    inner = getattr(records, "_records", records)  # RecordStore's dict: C-speed iteration
-    rejected = sum(1 for r in inner.values() if r.error is not None)
-    untried = sum(1 for p, i in items.items() if i.last_error is None and p not in queue._inflight)
-    return QueueCounts(len(items), len(queue._inflight), failing, untried, rejected)
 
 
 class ReloaderCollector(Collector):
@@ -131,7 +77,7 @@ class ReloaderCollector(Collector):
         loop_lag: Returns the event loop's last measured lag in seconds.
         ready: Returns readiness as ``/readyz`` judges it; defaults to ``reloader.ready``.
         watch_count: Returns the inotify watches held; defaults to the reloader's
-            ``watch_count`` attribute when it has one, else :func:`inotify_watches`.
+            ``watch_count``.
     """
 
     def __init__(
@@ -149,10 +95,7 @@ class ReloaderCollector(Collector):
         self._version = _version()
 
     def _default_watch_count(self) -> int | None:
-        count = getattr(self.reloader, "watch_count", None)
-        if isinstance(count, int):
-            return count
-        return inotify_watches() if self.reloader.config.inotify else 0
+        return self.reloader.watch_count
 
     def collect(self) -> Iterator[Metric]:
         """Yield every family (called by the registry on each scrape)."""
@@ -225,7 +168,7 @@ class ReloaderCollector(Collector):
         }
         for name, slot in sorted(engine.slots.items()):
             q, st = slot.queue, slot.queue.stats
-            counts = queue_counts(q, slot.records)
+            counts = q.counts()
             fam["info"].add_metric([name, type(slot.consumer).__module__.split(".")[0]], 1)
             fam["batches"].add_metric([name], st.batches)
             for outcome, n in (("success", st.acked), ("retry", st.retried), ("failure", st.rejected)):

@@ -24,7 +24,7 @@ from ._errors import StateError
 from ._state import RecordStore
 from ._types import Ack, Batch, Change, ChangeKind, Fingerprint, PathRecord, Reason, Reject, Result, Retry
 
-__all__ = ["Item", "QueueStats", "WorkQueue"]
+__all__ = ["Item", "QueueCounts", "QueueStats", "WorkQueue"]
 
 log = logging.getLogger("reloadd.queue")
 
@@ -43,6 +43,17 @@ class Item:
     attempts: int = 0
     not_before: float = 0.0
     last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """A queue's sizes at one moment."""
+
+    pending: int
+    in_flight: int
+    failing: int
+    untried: int
+    rejected: int
 
 
 @dataclass(slots=True)
@@ -125,6 +136,12 @@ class WorkQueue:
         if not self._items:
             return 0.0
         return max(0.0, self._clock() - min(i.since for i in self._items.values()))
+
+    def counts(self) -> QueueCounts:
+        """Waiting, in-flight, retrying and never-tried paths, and rejected records (cheap)."""
+        failing = sum(1 for i in self._items.values() if i.last_error is not None)
+        untried = sum(1 for p, i in self._items.items() if i.last_error is None and p not in self._inflight)
+        return QueueCounts(len(self._items), len(self._inflight), failing, untried, self.records.rejected())
 
     def status(self) -> dict[str, Any]:
         """A JSON-able view for ``reloadd status``."""

@@ -73,10 +73,11 @@ class Reloader:
         self._changed = asyncio.Event()
         self._armed = asyncio.Event()
         self.watch_state = "starting"
-        self.ready = False
+        self._ready = False
         self._started = False
         self._closed = False
         self._lock: int | None = None
+        self._live: dict[str, Source] = {}
 
     # Building ----------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -192,6 +193,8 @@ class Reloader:
         if self.config.inotify and self._source_factories is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._armed.wait(), 10.0)
+        elif self._source_factories is None:
+            self.watch_state = "rescan-only (inotify disabled)"
         engine.emit(SourceEvent(EventKind.RESCAN, None, "startup"))
 
     def _sources(self) -> list[tuple[str, SourceFactory]]:
@@ -254,7 +257,11 @@ class Reloader:
         async for attempt in retrying:
             with attempt:
                 source = factory(self._source_context())
-                await source.run()
+                self._live[name] = source
+                try:
+                    await source.run()
+                finally:
+                    self._live.pop(name, None)
                 return
 
     async def serve(self) -> None:
@@ -315,14 +322,43 @@ class Reloader:
         self._force(None, None if paths is None else [Path(p) for p in paths])
 
     def _notify(self) -> None:
-        if (
-            not self.ready
-            and self._engine is not None
-            and self._engine.startup_done.is_set()
-            and self._engine.idle
-        ):
-            self.ready = True
+        self._update_ready()
         self._changed.set()
+
+    def _update_ready(self) -> bool:
+        if not self._ready and self._engine is not None and self._engine.startup_done.is_set():
+            self._ready = self._engine.idle
+        return self._ready
+
+    @property
+    def ready(self) -> bool:
+        """The initial pass is done: every consumer was handed what it had to see at start."""
+        return self._update_ready()
+
+    @property
+    def stop_requested(self) -> bool:
+        """:meth:`stop` was called (or the reloader is closing)."""
+        return self._stop.is_set()
+
+    async def wait_stop_requested(self) -> None:
+        """Wait until :meth:`stop` is called."""
+        await self._stop.wait()
+
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        """Names of the sources this reloader runs (``inotify``, ``rescan``, ``signal`` or injected ones)."""
+        return tuple(name for name, _ in self._sources())
+
+    @property
+    def watch_count(self) -> int:
+        """Kernel watches held by this reloader's sources."""
+        return sum(int(getattr(s, "watch_count", 0)) for s in self._live.values())
+
+    def dead_tasks(self) -> list[str]:
+        """Internal tasks that ended although the reloader is still running (for /healthz)."""
+        if self._stop.is_set():
+            return []
+        return [t.get_name() for t in self._tasks if t.done()]
 
     @property
     def idle(self) -> bool:

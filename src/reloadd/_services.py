@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry
 
 from ._control import ControlServer
 from ._http import Health, LoopMonitor, endpoints, start_http
-from ._metrics import build_registry, queue_counts
+from ._metrics import build_registry
 from ._sdnotify import Notifier, watchdog_interval
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def status_line(reloader: Reloader) -> str:
         slots = list(reloader.engine.slots.values())
     except RuntimeError:
         return f"watch {reloader.watch_state}"
-    counts = [queue_counts(s.queue, s.records) for s in slots]
+    counts = [s.queue.counts() for s in slots]
     pending = sum(c.pending for c in counts)
     failing = sum(c.failing for c in counts)
     rejected = sum(c.rejected for c in counts)
@@ -99,7 +99,7 @@ def status_line(reloader: Reloader) -> str:
 async def _wait_stop(reloader: Reloader, within: float | None) -> bool:
     """Wait up to ``within`` seconds for the reloader to be asked to stop; return whether it was."""
     try:
-        await asyncio.wait_for(reloader._stop.wait(), within)
+        await asyncio.wait_for(reloader.wait_stop_requested(), within)
     except TimeoutError:
         return False
     return True
@@ -119,9 +119,9 @@ async def _systemd(reloader: Reloader, health: Health, notifier: Notifier) -> No
         with contextlib.suppress(TimeoutError, RuntimeError):
             # wait_idle wakes on every state change; RuntimeError: not started yet
             await reloader.wait_idle(min(0.5, interval or 0.5))
-        if reloader._stop.is_set():
+        if reloader.stop_requested:
             break
-    if not reloader._stop.is_set():
+    if not reloader.stop_requested:
         notifier.send(READY=1, STATUS=f"ready: {status_line(reloader)}")
         log.info("Initial pass done; told the service manager READY=1")
     last_status = ""
@@ -177,7 +177,7 @@ async def services(reloader: Reloader, *, notify_socket: str | None = None) -> A
         yield svc
     finally:
         for t in tasks:
-            if not t.done() and t.get_name() == "reloadd-sdnotify" and reloader._stop.is_set():
+            if not t.done() and t.get_name() == "reloadd-sdnotify" and reloader.stop_requested:
                 # let it send STOPPING=1 before it is cancelled
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(asyncio.shield(t), 1.0)

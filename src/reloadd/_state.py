@@ -15,7 +15,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, Mapping, ValuesView
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,18 @@ class RecordStore(Mapping[Path, PathRecord]):
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def items(self) -> ItemsView[Path, PathRecord]:
+        """C-speed view of the records (the Mapping mixin goes through ``__getitem__``)."""
+        return self._records.items()
+
+    def values(self) -> ValuesView[PathRecord]:
+        """C-speed view of the records."""
+        return self._records.values()
+
+    def rejected(self) -> int:
+        """How many paths are held by a permanent error."""
+        return sum(1 for r in self._records.values() if r.error is not None)
 
     @property
     def _journal(self) -> Path:

@@ -17,10 +17,12 @@ from pathlib import Path
 
 from ._config import Config, load_config
 from ._consumer import ConsumerContext
+from ._control import query_status, send_reload
 from ._errors import ReloaddError
 from ._logging import configure_logging
 from ._plugins import CONSUMER_GROUP, load
 from ._reloader import Reloader
+from ._services import services
 
 __all__ = ["main"]
 
@@ -53,13 +55,14 @@ async def _run(cfg: Config) -> None:
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     for sig in previous:
         loop.add_signal_handler(sig, reloader.stop)
-    if cfg.pid_file:
-        cfg.pid_file.parent.mkdir(parents=True, exist_ok=True)
-        cfg.pid_file.write_text(f"{os.getpid()}\n")
     try:
-        await reloader.start()
-        log.info("reloadd watching %d consumer(s)", len(cfg.consumers))
-        await reloader.serve()
+        async with services(reloader):
+            await reloader.start()
+            if cfg.pid_file:  # only now: a SIGHUP before the handler exists would kill us
+                cfg.pid_file.parent.mkdir(parents=True, exist_ok=True)
+                cfg.pid_file.write_text(f"{os.getpid()}\n")
+            log.info("reloadd watching %d consumer(s)", len(cfg.consumers))
+            await reloader.serve()
     finally:
         for sig, handler in previous.items():
             loop.remove_signal_handler(sig)
@@ -84,6 +87,9 @@ def _check(cfg: Config) -> list[str]:
 
 
 def _reload(cfg: Config) -> int:
+    if send_reload(cfg):
+        print(f"reloadd: asked the daemon on {cfg.control_socket} for a full resync")
+        return 0
     if cfg.pid_file is None:
         print("reloadd: no pid_file configured under [reloadd]; cannot find the daemon", file=sys.stderr)
         return 1
@@ -116,8 +122,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "reload":
         return _reload(cfg)
     if args.command == "status":
-        from ._control import query_status
-
         return query_status(cfg, as_json=args.json)
     try:
         asyncio.run(_run(cfg))

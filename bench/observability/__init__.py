@@ -1,0 +1,1 @@
+"""Benchmarks of the operations surface (metrics scrape, status)."""

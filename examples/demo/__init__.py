@@ -1,0 +1,1 @@
+"""``make demo``: reloadd on a private containerd and a local registry."""

@@ -1,0 +1,331 @@
+"""``make demo``: reloadd on a private containerd and a local registry, in a temp dir.
+
+Run from the repository root::
+
+    python -m examples.demo.run_demo            # interactive: prints what to drop where
+    python -m examples.demo.run_demo --smoke    # drops the samples itself, checks, exits
+
+It starts (all in one temp dir, nothing system-wide is touched):
+
+* a private containerd (its own root, state and socket) whose CRI registry
+  ``config_path`` is the demo's ``certs.d``;
+* a local ``docker-registry`` on 127.0.0.1 holding ``demo/hello:v2``;
+* a throwaway etcd + kube-apiserver when ``make kube`` has built one (or your own
+  cluster through ``--kubeconfig``/``$KUBECONFIG``); otherwise the manifests folder is off;
+* ``reloadd run`` watching ``examples/demo/images``, ``registries.conf.d`` and
+  ``manifests`` with the ``containerd-images``, ``registry-mirrors`` and
+  ``kube-manifests`` plugins.
+
+Ctrl-C stops reloadd, the cluster, the registry and containerd, and removes the temp dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if __package__ in (None, ""):  # run as a script (python examples/demo/run_demo.py)
+    sys.path.insert(0, str(REPO))
+
+HERE = Path(__file__).resolve().parent
+NEEDED = ("containerd", "ctr", "docker-registry", "skopeo")
+IMAGE_V1 = "docker.io/demo/hello:v1"
+IMAGE_V2 = "docker.io/demo/hello:v2"
+
+BOLD, DIM, RESET = ("\033[1m", "\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "", "")
+
+
+def say(text: str = "") -> None:
+    """Print a line of the demo's own output (reloadd's logs go to stderr)."""
+    print(text, flush=True)
+
+
+def _arch() -> str:
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_config(root: Path, folders: Path, ctd_address: str, kubeconfig: Path | None, port: int) -> Path:
+    """The demo's reloadd.toml."""
+    sections: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+        ("images", {"plugin": "containerd-images", "paths": [str(folders / "images")]},
+         {"address": ctd_address, "namespace": "k8s.io"}),
+        ("mirrors", {"plugin": "registry-mirrors", "paths": [str(folders / "registries.conf.d")]},
+         {"registries_conf": str(root / "registries.conf"),  # absent: drop-ins only
+          "registries_conf_d": str(folders / "registries.conf.d"),
+          "hosts_dir": str(root / "certs.d"), "certs_dirs": [], "containerd_config": ""}),
+    ]
+    if kubeconfig is not None:
+        sections.append(("manifests", {"plugin": "kube-manifests", "paths": [str(folders / "manifests")]},
+                         {"kubeconfig": str(kubeconfig), "namespace": "kube-system"}))
+    lines = [
+        "[reloadd]",
+        f"state_dir = {_toml(root / 'state')}",
+        'quiet = "200ms"',
+        f"control_socket = {_toml(root / 'control.sock')}",
+        f"pid_file = {_toml(root / 'reloadd.pid')}",
+        f'metrics_listen = "127.0.0.1:{port}"',
+    ]
+    for name, table, options in sections:
+        lines += ["", "[[consumer]]", f"name = {_toml(name)}"]
+        lines += [f"{k} = {_toml(v)}" for k, v in table.items()]
+        lines.append("[consumer.options]")
+        lines += [f"{k} = {_toml(v)}" for k, v in options.items()]
+    path = root / "reloadd.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+async def make_samples(root: Path, registry_host: str) -> Path:
+    """An image tarball, a mirror drop-in and a manifest to drop into the watched folders."""
+    from tests.infra import ImageSpec, push_image, write_oci_archive
+
+    samples = root / "samples"
+    samples.mkdir()
+    plat = (f"linux/{_arch()}",)
+    write_oci_archive(samples / "hello.tar", [ImageSpec(IMAGE_V1, platforms=plat, seed="demo-v1")])
+    v2 = root / "hello-v2.tar"
+    write_oci_archive(v2, [ImageSpec(IMAGE_V2, platforms=plat, seed="demo-v2")])
+    await push_image(v2, f"{registry_host}/demo/hello:v2")
+    (samples / "50-demo-mirror.conf").write_text(
+        '# pull docker.io images through the demo registry first (it holds demo/hello:v2)\n'
+        '[[registry]]\nprefix = "docker.io"\nlocation = "docker.io"\n'
+        f'[[registry.mirror]]\nlocation = "{registry_host}"\ninsecure = true\n'
+    )
+    (samples / "hello.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: hello-from-reloadd\n  namespace: default\n"
+        "data:\n  greeting: hello\n"
+    )
+    return samples
+
+
+def instructions(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, port: int,
+                 kube: Any | None) -> str:
+    """What to drop where and what to run to see the result."""
+    rel = folders.relative_to(Path.cwd()) if folders.is_relative_to(Path.cwd()) else folders
+    ctr = f"ctr -a {ctd} -n k8s.io"
+    out = [
+        f"{BOLD}reloadd demo is running{RESET} (work dir {root}). In another terminal:",
+        "",
+        f"{BOLD}1. Import an image{RESET}: drop a tarball into {rel}/images/",
+        f"     cp {samples}/hello.tar {rel}/images/",
+        f"     {ctr} images ls -q            {DIM}# {IMAGE_V1} appears{RESET}",
+        f"     rm {rel}/images/hello.tar     {DIM}# unpinned: the kubelet's image GC may now remove it{RESET}",
+        "",
+        f"{BOLD}2. Add a registry mirror{RESET}: drop a registries.conf(5) file into {rel}/registries.conf.d/",
+        f"     cp {samples}/50-demo-mirror.conf {rel}/registries.conf.d/",
+        f"     cat {root}/certs.d/docker.io/hosts.toml",
+        f"     {ctr} images pull --hosts-dir {root}/certs.d {IMAGE_V2}   {DIM}# served by the demo registry{RESET}",
+        "",
+    ]
+    if kube is not None:
+        out += [
+            f"{BOLD}3. Apply a manifest{RESET}: drop YAML into {rel}/manifests/",
+            f"     cp {samples}/hello.yaml {rel}/manifests/",
+            f"     curl -s --cacert {kube.ca_file} -H 'Authorization: Bearer {kube.admin_token}' \\",
+            f"       {kube.server}/api/v1/namespaces/default/configmaps/hello-from-reloadd",
+            f"     rm {rel}/manifests/hello.yaml   {DIM}# pruned from the cluster{RESET}",
+            "",
+        ]
+    else:
+        out += [f"{DIM}3. Manifests: off (run `make kube` once, or pass --kubeconfig, to try the applier){RESET}", ""]
+    out += [
+        f"{BOLD}Watch it{RESET}:",
+        f"     reloadd status --config {cfg}",
+        f"     curl -s http://127.0.0.1:{port}/metrics | grep ^reloadd_",
+        f"     curl -s http://127.0.0.1:{port}/readyz",
+        f"     reloadd reload --config {cfg}        {DIM}# forced full resync{RESET}",
+        "",
+        "Ctrl-C stops everything the demo started.",
+    ]
+    return "\n".join(out)
+
+
+async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+async def _run(*argv: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(errors="replace")
+
+
+async def smoke(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, kube: Any | None) -> None:
+    """Do what the instructions say and check each result."""
+    ctr = ["ctr", "-a", ctd, "-n", "k8s.io"]
+    shutil.copy(samples / "hello.tar", folders / "images" / "hello.tar")
+
+    async def imported() -> bool:
+        return IMAGE_V1 in (await _run(*ctr, "images", "ls", "-q"))[1].split()
+
+    await _until(imported, f"{IMAGE_V1} in containerd")
+    say(f"smoke: {IMAGE_V1} imported into containerd")
+
+    shutil.copy(samples / "50-demo-mirror.conf", folders / "registries.conf.d" / "50-demo-mirror.conf")
+    hosts = root / "certs.d" / "docker.io" / "hosts.toml"
+
+    async def mirrored() -> bool:
+        return hosts.exists()
+
+    await _until(mirrored, str(hosts))
+    code, out = await _run(*ctr, "images", "pull", "--hosts-dir", str(root / "certs.d"), IMAGE_V2)
+    if code != 0:
+        raise RuntimeError(f"pull through the mirror failed: {out}")
+    say(f"smoke: {IMAGE_V2} pulled through the mirror")
+
+    if kube is not None:
+        shutil.copy(samples / "hello.yaml", folders / "manifests" / "hello.yaml")
+
+        async def applied() -> bool:
+            return await asyncio.to_thread(kube.get, "/api/v1/namespaces/default/configmaps/hello-from-reloadd") \
+                is not None
+
+        await _until(applied, "the ConfigMap")
+        say("smoke: manifests/hello.yaml applied")
+    code, out = await _run(sys.executable, "-m", "reloadd", "status", "--config", str(cfg))
+    say(out)
+    if code not in (0, 3):
+        raise RuntimeError(f"reloadd status failed ({code})")
+
+
+def _kube_binaries() -> bool:
+    from tests.kube.apiserver import kube_bin_dir
+
+    return os.access(kube_bin_dir() / "kube-apiserver", os.X_OK) and shutil.which("etcd") is not None
+
+
+async def demo(args: argparse.Namespace) -> int:
+    """Start everything, run reloadd until Ctrl-C (or the smoke check ends), stop everything."""
+    from tests.infra import local_registry, private_containerd
+
+    missing = [b for b in NEEDED if shutil.which(b) is None]
+    if missing:
+        say(f"missing {', '.join(missing)}: run `make deps` (Debian packages) first")
+        return 2
+    folders: Path = args.folders
+    root = Path(tempfile.mkdtemp(prefix="reloadd-demo-", dir="/tmp"))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    reloadd: asyncio.subprocess.Process | None = None
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            say("starting a local registry and a private containerd ...")
+            reg = await stack.enter_async_context(local_registry(root))
+            ctd = await stack.enter_async_context(private_containerd(root, hosts_dir=root / "certs.d"))
+            samples = await make_samples(root, reg.host)
+            kube = None
+            kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
+            if kubeconfig is None and not args.no_kube and _kube_binaries():
+                from tests.kube.apiserver import KubeCluster
+
+                say("starting etcd and kube-apiserver ...")
+                kube = KubeCluster(controllers=())
+                await asyncio.to_thread(kube.start)
+                stack.callback(kube.stop)
+                kubeconfig = kube.kubeconfig
+            port = _free_port()
+            cfg = write_config(root, folders, ctd.address, kubeconfig, port)
+            reloadd = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "reloadd", "run", "--config", str(cfg),
+                stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+            )
+            say("")
+            say(instructions(root, folders, samples, ctd.address, cfg, port, kube))
+            say("")
+            waiter = asyncio.create_task(reloadd.wait())
+            if args.smoke:
+                work = asyncio.create_task(smoke(root, folders, samples, ctd.address, cfg, kube))
+                done, _ = await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if work not in done:
+                    work.cancel()
+                    raise RuntimeError(f"reloadd exited early with {reloadd.returncode}")
+                work.result()
+                say("smoke: OK")
+            else:
+                stopper = asyncio.create_task(stop.wait())
+                await asyncio.wait({stopper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                stopper.cancel()
+            say("stopping ...")
+            await _stop(reloadd)
+            waiter.cancel()
+    finally:
+        if reloadd is not None:
+            await _stop(reloadd)
+        if args.keep:
+            say(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), 20)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    ap = argparse.ArgumentParser(prog="run_demo", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--folders", default=str(HERE), help="where images/, registries.conf.d/, manifests/ are")
+    ap.add_argument("--kubeconfig", help="apply manifests to this cluster instead of a throwaway one")
+    ap.add_argument("--no-kube", action="store_true", help="do not start a kube-apiserver")
+    ap.add_argument("--smoke", action="store_true", help="drop the samples, check the results, exit")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir")
+    args = ap.parse_args(argv)
+    args.folders = Path(args.folders).resolve()
+    for sub in ("images", "registries.conf.d", "manifests"):
+        (args.folders / sub).mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        say("the demo starts containerd, which needs root: run it as root (e.g. sudo make demo)")
+        return 2
+    try:
+        return asyncio.run(demo(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
