@@ -12,6 +12,9 @@ import pytest
 
 from reloadd import BaseConsumer, Batch, Change, ConsumerContext, Reloader, Result, parse_config
 
+# One real control plane (etcd + kube-apiserver + controller-manager) per session, for every directory.
+pytest_plugins = ["tests.kube.fixtures"]
+
 
 class Recorder(BaseConsumer):
     """A consumer that records every batch and answers with ``results`` (default: Ack)."""

@@ -1,0 +1,226 @@
+"""Benchmark: reloadd's kube-manifests consumer vs ``kubectl apply --server-side -f`` per file.
+
+    python -m bench.kube_manifests [--files 100] [--objects 10] [--saves 20] [--json out.json]
+
+Starts a private kube-apiserver v1.20.2 (see tests/kube/apiserver.py), writes ``--files`` manifest files of
+``--objects`` objects each (ConfigMaps, Secrets, a ServiceAccount, a Role, a Service), then measures on the
+same server, in separate namespaces so neither tool sees the other's objects:
+
+1. per file, first apply (create) and second apply (one value changed): reloadd's consumer (one file per
+   batch, the way a single save arrives) vs one ``kubectl apply --server-side -f FILE`` process per file
+   (what k3s-like tooling or a shell loop does); reports the median per-file ratio kubectl / reloadd;
+2. all files in one batch (reloadd's startup pass; measured first, on the fresh server) vs the kubectl
+   loop's total;
+3. file save → object visible in the API: the real engine (inotify, ``quiet`` settle window) writes are
+   atomic renames, visibility is polled every 2 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from reloadd_kube_manifests import create
+
+import reloadd
+from reloadd import Ack, Batch, Change, ChangeKind, ConsumerContext, Fingerprint, PathRecord, Reason
+from tests.kube.apiserver import KubeCluster
+
+
+def objects(ns: str, file_no: int, n: int, rev: int) -> list[dict[str, Any]]:
+    """``n`` objects of mixed kinds for file ``file_no`` at revision ``rev``."""
+    out: list[dict[str, Any]] = []
+    kinds = ["ConfigMap"] * 5 + ["Secret"] * 2 + ["ServiceAccount", "Role", "Service"]
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        name = f"f{file_no}-{kind.lower()}-{i}"
+        meta = {"name": name, "namespace": ns, "labels": {"bench": "kube-manifests"}}
+        if kind == "ConfigMap":
+            out.append({"apiVersion": "v1", "kind": kind, "metadata": meta,
+                        "data": {"rev": str(rev), "payload": "x" * 200}})
+        elif kind == "Secret":
+            out.append({"apiVersion": "v1", "kind": kind, "metadata": meta, "stringData": {"rev": str(rev)}})
+        elif kind == "ServiceAccount":
+            meta["annotations"] = {"rev": str(rev)}
+            out.append({"apiVersion": "v1", "kind": kind, "metadata": meta})
+        elif kind == "Role":
+            out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta,
+                        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]})
+        else:
+            out.append({"apiVersion": "v1", "kind": kind, "metadata": meta,
+                        # protocol is required by 1.20's server-side apply (no default in its schema)
+                        "spec": {"ports": [{"port": 80 + rev % 100, "protocol": "TCP"}],
+                                 "selector": {"app": name}}})
+    return out
+
+
+def write(path: Path, objs: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(yaml.safe_dump_all(objs, sort_keys=False))
+    tmp.rename(path)
+
+
+def ensure_ns(kube: KubeCluster, ns: str) -> None:
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    kube.apply(body, f"/api/v1/namespaces/{ns}")
+
+
+class Driver:
+    """Feeds the consumer like the engine does (records kept from results)."""
+
+    def __init__(self, kube: KubeCluster, root: Path) -> None:
+        self.root = root
+        self.records: dict[Path, PathRecord] = {}
+        ctx = ConsumerContext(name="bench", paths=(root,), options={"kubeconfig": str(kube.kubeconfig)},
+                              state_dir=root.parent / "state", records=self.records)
+        self.consumer = create(ctx)
+
+    async def sync(self, paths: list[Path]) -> None:
+        changes = []
+        for p in paths:
+            kind = ChangeKind.MODIFIED if p in self.records else ChangeKind.ADDED
+            digest = hashlib.sha256(p.read_bytes()).hexdigest()
+            changes.append(Change(p, kind, Fingerprint.from_stat(p.stat()), digest, False, self.root))
+        results = await self.consumer.handle(Batch("bench", Reason.INOTIFY, tuple(changes)))
+        for c in changes:
+            res = results[c.path]
+            if not isinstance(res, Ack):
+                raise RuntimeError(f"{c.path}: {res}")
+            self.records[c.path] = PathRecord(c.fingerprint, c.digest, res.data)
+
+
+def kubectl(kube: KubeCluster, path: Path, env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(["kubectl", "--kubeconfig", str(kube.kubeconfig), "apply", "--server-side",
+                           "--force-conflicts", "-f", str(path)], capture_output=True, env=env, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"kubectl apply -f {path} failed: {proc.stderr.strip()}")
+    return time.perf_counter() - t0
+
+
+def summary(name: str, xs: list[float]) -> dict[str, float]:
+    xs = sorted(xs)
+    return {f"{name}_median_ms": round(statistics.median(xs) * 1000, 2),
+            f"{name}_p90_ms": round(xs[int(len(xs) * 0.9) - 1] * 1000, 2),
+            f"{name}_total_s": round(sum(xs), 3)}
+
+
+async def per_file(kube: KubeCluster, work: Path, n_files: int, n_obj: int) -> dict[str, Any]:
+    have_kubectl = shutil.which("kubectl") is not None
+    for ns in ("bench-reloadd", "bench-kubectl", "bench-batch"):
+        ensure_ns(kube, ns)
+    r_root, k_root, b_root = work / "reloadd", work / "kubectl", work / "batch"
+    for d in (r_root, k_root, b_root):
+        d.mkdir()
+    env = {**os.environ, "HOME": str(work / "home")}  # kubectl's discovery cache, warm after file 1
+    driver = Driver(kube, r_root)
+    batch = Driver(kube, b_root)
+    try:
+        return await _per_file(kube, driver, batch, r_root, k_root, b_root, env, n_files, n_obj, have_kubectl)
+    finally:
+        await driver.consumer.close()
+        await batch.consumer.close()
+
+
+async def _per_file(
+    kube: KubeCluster, driver: Driver, batch: Driver, r_root: Path, k_root: Path, b_root: Path,
+    env: dict[str, str], n_files: int, n_obj: int, have_kubectl: bool,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"files": n_files, "objects_per_file": n_obj, "kubectl": have_kubectl}
+    await driver.sync([])  # discovery, as a running daemon has it already
+    # Startup pass: every file in one batch (first, on a fresh server: it slows down as objects pile up).
+    await batch.sync([])
+    paths = []
+    for i in range(n_files):
+        p = b_root / f"m{i:03}.yaml"
+        write(p, objects("bench-batch", i, n_obj, 1))
+        paths.append(p)
+    t0 = time.perf_counter()
+    await batch.sync(paths)
+    result["one_batch_all_files_s"] = round(time.perf_counter() - t0, 3)
+    for rev, phase in ((1, "create"), (2, "update")):
+        r_times: list[float] = []
+        k_times: list[float] = []
+        for i in range(n_files):
+            rp, kp = r_root / f"m{i:03}.yaml", k_root / f"m{i:03}.yaml"
+            write(rp, objects("bench-reloadd", i, n_obj, rev))
+            write(kp, objects("bench-kubectl", i, n_obj, rev))
+            t0 = time.perf_counter()
+            await driver.sync([rp])
+            r_times.append(time.perf_counter() - t0)
+            if have_kubectl:
+                k_times.append(kubectl(kube, kp, env))
+        result.update({f"{phase}_{k}": v for k, v in summary("reloadd", r_times).items()})
+        if have_kubectl:
+            result.update({f"{phase}_{k}": v for k, v in summary("kubectl", k_times).items()})
+            ratios = [k / r for k, r in zip(k_times, r_times, strict=True)]
+            result[f"{phase}_median_ratio_kubectl_over_reloadd"] = round(statistics.median(ratios), 2)
+    return result
+
+
+async def save_to_visible(kube: KubeCluster, work: Path, saves: int, quiet: str) -> dict[str, Any]:
+    ns = "bench-latency"
+    ensure_ns(kube, ns)
+    root = work / "latency"
+    root.mkdir()
+    target = root / "app.yaml"
+    write(target, objects(ns, 0, 10, 0))
+    cfg = reloadd.parse_config({
+        "reloadd": {"state_dir": str(work / "latency-state"), "quiet": quiet},
+        "consumer": [{"name": "manifests", "plugin": "kube-manifests", "paths": [str(root)],
+                      "options": {"kubeconfig": str(kube.kubeconfig)}}],
+    })
+    path = f"/api/v1/namespaces/{ns}/configmaps/f0-configmap-0"
+    lat: list[float] = []
+    async with reloadd.Reloader(cfg) as r:
+        await r.wait_idle(60)
+        for rev in range(1, saves + 1):
+            write(target, objects(ns, 0, 10, rev))
+            t0 = time.perf_counter()
+            while True:
+                obj = await asyncio.to_thread(kube.get, path)
+                if obj and obj["data"]["rev"] == str(rev):
+                    break
+                if time.perf_counter() - t0 > 30:
+                    raise RuntimeError("object never became visible")
+                await asyncio.sleep(0.002)
+            lat.append(time.perf_counter() - t0)
+            await r.wait_idle(30)
+    return {"quiet": quiet, "saves": saves, **summary("save_to_visible", lat)}
+
+
+async def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(prog="python -m bench.kube_manifests", description=__doc__.split("\n")[0])
+    ap.add_argument("--files", type=int, default=100)
+    ap.add_argument("--objects", type=int, default=10)
+    ap.add_argument("--saves", type=int, default=20)
+    ap.add_argument("--quiet", default="100ms", help="the engine's settle window for the latency test")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="reloadd-bench-km-"))
+    try:
+        async with KubeCluster(controllers=()) as kube:
+            result = await per_file(kube, work, args.files, args.objects)
+            result.update(await save_to_visible(kube, work, args.saves, args.quiet))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0 if asyncio.run(main()) else 1)

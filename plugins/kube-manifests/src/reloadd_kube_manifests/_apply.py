@@ -1,0 +1,316 @@
+"""Applying one manifest file as one ApplySet, and removing it.
+
+Apply, for one file::
+
+    read parent → resolve kinds → widen parent (old ∪ new group/kinds, namespaces)
+    → server-side apply by rank (CRDs; wait Established + rediscover; Namespaces; ...; the rest)
+    → prune members that left the file → write parent (new sets, content hash, inventory)
+
+Error policy (per object, the rest of the file is still applied): a document that cannot be parsed, or an
+object the server refuses (409 conflict with ``force`` off, 422, 403, 500 schema errors) is a *permanent*
+error of the file; overload, a namespace or custom kind that does not exist yet are *transient*. While any
+document of the file could not be parsed, pruning is held back: the broken document's objects are unknown,
+so deleting "everything not in the file" could delete objects the user still wants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+from ._applyset import LABEL_PART_OF, ObjRef, ParentState, applyset_id, parent_body, parent_name, read_parent
+from ._client import ApiError, KubeClient
+from ._discovery import Discovery, Resource, split_api_version
+from ._manifests import Manifest, ManifestObject
+from ._ordering import rank
+from ._outcome import FileOutcome
+from ._prune import delete_members, inventory_members, list_members
+from ._settings import Settings
+
+__all__ = ["Applier"]
+
+_CRD_GROUP = "apiextensions.k8s.io"
+_CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+
+
+@dataclass
+class _Planned:
+    obj: ManifestObject
+    ref: ObjRef
+    resource: Resource | None
+    from_crd: bool = False
+
+    @property
+    def label(self) -> str:
+        ns = f"{self.ref.namespace}/" if self.ref.namespace else ""
+        return f"{self.obj.where} {self.obj.kind} {ns}{self.ref.name}"
+
+
+class Applier:
+    """Applies files to one cluster.
+
+    Args:
+        client: The REST client.
+        discovery: The discovery cache.
+        settings: Validated options.
+        default_namespace: Namespace for namespaced objects that name none.
+        tooling: The ApplySet ``tooling`` annotation, ``reloadd/<version>``.
+        logger: Where to log.
+        sleep: Injectable for tests.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        discovery: Discovery,
+        settings: Settings,
+        *,
+        default_namespace: str = "default",
+        tooling: str = "reloadd/0.1.0",
+        logger: logging.Logger | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.client = client
+        self.discovery = discovery
+        self.settings = settings
+        self.default_namespace = default_namespace
+        self.tooling = tooling
+        self.log = logger or logging.getLogger(__name__)
+        self._sleep = sleep
+        self._sem = asyncio.Semaphore(settings.parallel)
+
+    # --- parent --------------------------------------------------------------------------------------
+    def _parent_path(self, name: str) -> str:
+        return f"/api/v1/namespaces/{self.settings.namespace}/configmaps/{name}"
+
+    async def _read_parent(self, name: str) -> tuple[ParentState, str]:
+        try:
+            obj = await self.client.get(self._parent_path(name))
+        except ApiError as exc:
+            if exc.status != 404 or exc.plain:
+                raise
+            obj = None
+        uid = str(((obj or {}).get("metadata") or {}).get("uid") or "")
+        return read_parent(obj, self.settings.namespace), uid
+
+    async def _write_parent(
+        self, name: str, gks: set[str], nss: set[str], source: str, sha: str, inventory: set[ObjRef]
+    ) -> None:
+        body = parent_body(
+            name, self.settings.namespace, tooling=self.tooling, group_kinds=gks, namespaces=nss,
+            source=source, sha256=sha, inventory=inventory,
+        )
+        await self.client.apply(self._parent_path(name), body, manager=self.settings.field_manager,
+                                force=True, dry_run=self.settings.dry_run)
+
+    # --- planning ------------------------------------------------------------------------------------
+    async def _plan(self, manifest: Manifest, out: FileOutcome) -> list[_Planned]:
+        crd_kinds: dict[tuple[str, str], bool] = {}  # (group, kind) → namespaced, for CRDs in this file
+        for obj in manifest.objects:
+            if obj.kind == "CustomResourceDefinition" and split_api_version(obj.api_version)[0] == _CRD_GROUP:
+                spec = obj.body.get("spec") or {}
+                kind = (spec.get("names") or {}).get("kind")
+                if spec.get("group") and kind:
+                    crd_kinds[(str(spec["group"]), str(kind))] = spec.get("scope") != "Cluster"
+        plans: list[_Planned] = []
+        seen: dict[ObjRef, ManifestObject] = {}
+        for obj in manifest.objects:
+            group, _version = split_api_version(obj.api_version)
+            res = await self.discovery.resolve(obj.api_version, obj.kind)
+            if res is not None:
+                namespaced = res.namespaced
+            else:
+                namespaced = crd_kinds.get((group, obj.kind), obj.namespace is not None)
+            ns = (obj.namespace or self.default_namespace) if namespaced else ""
+            ref = ObjRef(group, obj.kind, ns, obj.name)
+            if ref in seen:
+                out.errors.append(f"{obj.where}: {ref} is also defined by {seen[ref].where}; ignored")
+                continue
+            seen[ref] = obj
+            plans.append(_Planned(obj, ref, res, from_crd=(group, obj.kind) in crd_kinds))
+        return plans
+
+    # --- applying ------------------------------------------------------------------------------------
+    def _body(self, plan: _Planned, res: Resource, set_id: str) -> dict[str, Any]:
+        body: dict[str, Any] = json.loads(json.dumps(plan.obj.body))
+        meta = body["metadata"]
+        meta["labels"] = {**(meta.get("labels") or {}), LABEL_PART_OF: set_id}
+        if res.namespaced:
+            meta["namespace"] = plan.ref.namespace
+        else:
+            meta.pop("namespace", None)
+        return body
+
+    async def _wait_served(self, plan: _Planned) -> Resource | None:
+        """Resolve a kind a CRD of this file provides, rediscovering until served or timed out."""
+        deadline = time.monotonic() + self.settings.crd_timeout
+        delay = 0.05
+        while True:
+            self.discovery.invalidate(plan.ref.group)
+            res = await self.discovery.resolve(plan.obj.api_version, plan.obj.kind)
+            if res is not None or time.monotonic() >= deadline:
+                return res
+            await self._sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _wait_established(self, name: str) -> bool:
+        deadline = time.monotonic() + self.settings.crd_timeout
+        delay = 0.02
+        while True:
+            crd = await self.client.get(_CRD_PATH + name)
+            for cond in (crd.get("status") or {}).get("conditions") or ():
+                if cond.get("type") == "Established" and cond.get("status") == "True":
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            await self._sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _apply_one(self, plan: _Planned, set_id: str, out: FileOutcome) -> bool:
+        async with self._sem:
+            res = plan.resource
+            if res is None and plan.from_crd and not self.settings.dry_run:
+                res = await self._wait_served(plan)
+            elif res is None:
+                self.discovery.invalidate(plan.ref.group)
+                res = await self.discovery.resolve(plan.obj.api_version, plan.obj.kind)
+            if res is None:
+                why = "its CRD is not applied" if self.settings.dry_run and plan.from_crd else "unknown kind"
+                out.transient.append(
+                    f"{plan.label}: {why}: {plan.obj.kind} is not served in {plan.obj.api_version}"
+                )
+                return False
+            for attempt in (1, 2):
+                try:
+                    await self.client.apply(
+                        res.path(plan.ref.namespace or None, plan.ref.name), self._body(plan, res, set_id),
+                        manager=self.settings.field_manager, force=self.settings.force,
+                        dry_run=self.settings.dry_run,
+                    )
+                except ApiError as exc:
+                    if exc.not_served and attempt == 1:
+                        self.discovery.invalidate(plan.ref.group)  # stale cache: the kind went away
+                        again = await self.discovery.resolve(plan.obj.api_version, plan.obj.kind)
+                        if again is not None:
+                            res = again
+                            continue
+                    self._record_error(plan, exc, out)
+                    return False
+                out.applied += 1
+                return True
+            return False  # pragma: no cover - the loop always returns
+
+    def _record_error(self, plan: _Planned, exc: ApiError, out: FileOutcome) -> None:
+        if exc.field_conflict:
+            fields = ", ".join(str(c.get("field")) for c in exc.causes if isinstance(c, dict))
+            out.errors.append(
+                f"{plan.label}: conflict with another field manager on {fields} ({exc.message}); "
+                "set force = true to take the fields over"
+            )
+        elif exc.status == 404 or (exc.status == 409 and not exc.causes):
+            out.transient.append(f"{plan.label}: {exc}")  # namespace or kind not there yet; a race
+        else:
+            out.errors.append(f"{plan.label}: {exc}")
+
+    async def _apply_all(self, plans: list[_Planned], set_id: str, out: FileOutcome) -> None:
+        ranks = sorted({rank(p.ref.group, p.ref.kind) for p in plans})
+        for r in ranks:
+            group = [p for p in plans if rank(p.ref.group, p.ref.kind) == r]
+            oks = await asyncio.gather(*(self._apply_one(p, set_id, out) for p in group))
+            crds = [p for p, ok in zip(group, oks, strict=True)
+                    if ok and p.ref.kind == "CustomResourceDefinition" and p.ref.group == _CRD_GROUP]
+            if crds and not self.settings.dry_run:
+                for p in crds:
+                    if not await self._wait_established(p.ref.name):
+                        out.transient.append(f"{p.label}: not Established after {self.settings.crd_timeout}s")
+                    spec = p.obj.body.get("spec") or {}
+                    self.discovery.invalidate(str(spec.get("group") or ""))
+
+    # --- entry points --------------------------------------------------------------------------------
+    async def apply_file(
+        self, key: str, source: str, manifest: Manifest, *, thorough: bool = False
+    ) -> FileOutcome:
+        """Apply ``manifest`` (read from ``source``) as the ApplySet of ``key`` and prune what left it.
+
+        Pruning looks at the parent's inventory (one GET per object that left the file); with
+        ``thorough`` (forced passes) it lists every group/kind × namespace by label, as the spec does,
+        which also finds members the inventory missed.
+
+        Raises:
+            ApiError: when the parent itself cannot be read or written (e.g. 403).
+            ApiUnavailable: when the server stays unreachable.
+        """
+        name = parent_name(key)
+        set_id = applyset_id(name, self.settings.namespace)
+        out = FileOutcome(f"{self.settings.namespace}/{name}", set_id, manifest.sha256)
+        out.errors.extend(str(e) for e in manifest.errors)
+        old, _uid = await self._read_parent(name)
+        plans = await self._plan(manifest, out)
+        desired = out.desired = {p.ref for p in plans}
+        new_gks = {r.group_kind for r in desired}
+        new_nss = {r.namespace for r in desired if r.namespace}
+        if not old.exists or not (
+            new_gks <= old.group_kinds and new_nss <= old.namespaces and desired <= old.inventory
+        ):
+            await self._write_parent(name, old.group_kinds | new_gks, old.namespaces | new_nss, source,
+                                     old.sha256, old.inventory | desired)
+        await self._apply_all(plans, set_id, out)
+        final_gks, final_nss = old.group_kinds | new_gks, old.namespaces | new_nss
+        final_inventory = old.inventory | desired  # until pruning proves the rest gone
+        if not self.settings.prune:
+            final_gks, final_nss, final_inventory = new_gks, new_nss, desired  # the rest is let go
+        elif manifest.errors:
+            out.pruning_held = "the file has documents that could not be read"
+        else:
+            if thorough:
+                members, notes, errors = await list_members(
+                    self.client, self.discovery, set_id, final_gks, final_nss
+                )
+                for note in notes:
+                    self.log.info("Pruning %s: %s", source, note)
+            else:
+                members, errors = await inventory_members(
+                    self.client, self.discovery, set_id, old.inventory - desired
+                )
+            deleted, delete_errors = await delete_members(
+                self.client, [m for m in members if m.ref not in desired], dry_run=self.settings.dry_run
+            )
+            out.pruned.extend(str(r) for r in deleted)
+            errors += delete_errors
+            out.errors.extend(errors)
+            if not errors:
+                final_gks, final_nss, final_inventory = new_gks, new_nss, desired
+        await self._write_parent(name, final_gks, final_nss, source, manifest.sha256, final_inventory)
+        return out
+
+    async def remove_file(self, key: str, keep: Collection[ObjRef] = ()) -> FileOutcome:
+        """Delete everything the ApplySet of ``key`` holds (found by label), then its parent.
+
+        Objects in ``keep`` (declared by files applied in the same batch: the target of a rename whose
+        relabelling failed for some object) are left alone.
+        """
+        name = parent_name(key)
+        set_id = applyset_id(name, self.settings.namespace)
+        out = FileOutcome(f"{self.settings.namespace}/{name}", set_id)
+        state, uid = await self._read_parent(name)
+        if self.settings.prune and state.group_kinds:
+            members, notes, list_errors = await list_members(
+                self.client, self.discovery, set_id, state.group_kinds, state.namespaces
+            )
+            for note in notes:
+                self.log.info("Removing the objects of %s: %s", key, note)
+            members = [m for m in members if m.ref not in keep]
+            deleted, errors = await delete_members(self.client, members, dry_run=self.settings.dry_run)
+            out.pruned.extend(str(r) for r in deleted)
+            errors = list_errors + errors
+            out.errors.extend(errors)
+            if errors:
+                return out  # keep the parent: it is how a later pass finds the leftovers
+        if uid:
+            await self.client.delete(self._parent_path(name), uid=uid, dry_run=self.settings.dry_run)
+        return out

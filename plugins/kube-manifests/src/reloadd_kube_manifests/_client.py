@@ -1,0 +1,230 @@
+"""A small async REST client for the Kubernetes API, on aiohttp.
+
+It does exactly what the applier needs and maps every HTTP outcome at this boundary::
+
+    ApiError (PermanentError)       a definite answer the same request cannot change (4xx, 500)
+    ApiUnavailable (TransientError) 429/502/503/504 or connection loss, still failing after retries
+
+429 and 5xx overload answers (and connection loss) are retried here with exponential backoff and jitter,
+honouring ``Retry-After``. A 401 reloads the credentials once (rotated tokens, expired exec tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+
+from reloadd import PermanentError, TransientError
+
+from ._kubeconfig import ClusterConfig
+
+__all__ = ["APPLY_PATCH", "ApiError", "ApiUnavailable", "KubeClient"]
+
+APPLY_PATCH = "application/apply-patch+yaml"
+_RETRY_STATUSES = frozenset({429, 502, 503, 504})
+
+
+class ApiError(PermanentError):
+    """The API server answered with an error status.
+
+    Attributes:
+        status: HTTP status code.
+        reason: ``Status.reason`` (``Conflict``, ``Invalid``, ``Forbidden``...) or ``""``.
+        message: ``Status.message`` or the plain-text body.
+        causes: ``Status.details.causes``.
+        plain: True when the body was not a JSON ``Status`` (e.g. a plain ``404 page not found`` for a
+            group/version the server does not serve).
+    """
+
+    def __init__(self, status: int, reason: str, message: str, causes: list[Any], plain: bool) -> None:
+        super().__init__(f"{status} {reason + ': ' if reason else ''}{message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.causes = causes
+        self.plain = plain
+
+    @property
+    def field_conflict(self) -> bool:
+        """A server-side-apply conflict with another field manager."""
+        return self.status == 409 and any(
+            isinstance(c, Mapping) and c.get("reason") == "FieldManagerConflict" for c in self.causes
+        )
+
+    @property
+    def not_served(self) -> bool:
+        """A 404 for the URL itself: the group/version (or resource) is not served."""
+        return self.status == 404 and self.plain
+
+
+class ApiUnavailable(TransientError):
+    """The API server was unreachable or overloaded through every retry."""
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _error(status: int, text: str) -> ApiError:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, Mapping) and body.get("kind") == "Status":
+        details = body.get("details") or {}
+        causes = details.get("causes") or [] if isinstance(details, Mapping) else []
+        return ApiError(status, str(body.get("reason") or ""), str(body.get("message") or ""), causes, False)
+    return ApiError(status, "", text.strip()[:500], [], True)
+
+
+class KubeClient:
+    """Requests against one API server with retries.
+
+    Args:
+        config: Server, TLS and credentials.
+        user_agent: Sent with every request.
+        attempts: Tries per request for retryable failures.
+        backoff: First retry delay in seconds (doubled each time, with jitter).
+        max_delay: Cap on any one delay, ``Retry-After`` included.
+        timeout: Seconds for one HTTP exchange.
+        sleep: Injectable for tests.
+    """
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        user_agent: str = "reloadd",
+        attempts: int = 6,
+        backoff: float = 0.2,
+        max_delay: float = 30.0,
+        timeout: float = 30.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.config = config
+        self.user_agent = user_agent
+        self.attempts = attempts
+        self.backoff = backoff
+        self.max_delay = max_delay
+        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self._sleep = sleep
+        self._session: aiohttp.ClientSession | None = None
+        self.stats: dict[str, float] = {"requests": 0, "retries": 0}
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self.config.ssl if self.config.ssl else False, limit=32)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self.timeout, headers={"User-Agent": self.user_agent}
+            )
+        return self._session
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        """Send a request and return the parsed JSON body.
+
+        Raises:
+            ApiError: for an error status that retrying cannot change.
+            ApiUnavailable: when every attempt met a connection error, 429 or 502/503/504.
+        """
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        reauthed = False
+        attempt = 0
+        while True:
+            attempt += 1
+            delay: float | None
+            headers = {"Accept": "application/json"}
+            if data is not None:
+                headers["Content-Type"] = content_type
+            auth = await self.config.auth.header()
+            if auth:
+                headers["Authorization"] = auth
+            self.stats["requests"] += 1
+            try:
+                async with self._get_session().request(
+                    method, self.config.server + path, params=params, data=data, headers=headers,
+                    server_hostname=self.config.server_hostname,
+                ) as resp:
+                    text = await resp.text(errors="replace")
+                    status = resp.status
+                    retry_after = _retry_after(resp.headers.get("Retry-After"))
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                problem = f"{method} {path}: {type(exc).__name__}: {exc}"
+                delay = None
+            else:
+                if status < 300:
+                    return json.loads(text) if text else None
+                if status == 401 and not reauthed:
+                    reauthed = True
+                    self.config.auth.invalidate()
+                    attempt -= 1
+                    continue
+                if status not in _RETRY_STATUSES:
+                    raise _error(status, text)
+                problem = f"{method} {path}: {_error(status, text)}"
+                delay = retry_after
+            if attempt >= self.attempts:
+                raise ApiUnavailable(f"{problem} (gave up after {attempt} attempts)")
+            if delay is None:
+                delay = self.backoff * 2 ** (attempt - 1) * (0.5 + random.random())
+            self.stats["retries"] += 1
+            await self._sleep(min(delay, self.max_delay))
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        """GET ``path``."""
+        return await self.request("GET", path, params=params)
+
+    async def apply(
+        self, path: str, obj: Mapping[str, Any], *, manager: str, force: bool, dry_run: bool
+    ) -> Any:
+        """Server-side apply ``obj`` at its object URL ``path`` (creates it when missing)."""
+        params = {"fieldManager": manager}
+        if force:
+            params["force"] = "true"
+        if dry_run:
+            params["dryRun"] = "All"
+        return await self.request("PATCH", path, params=params, body=obj, content_type=APPLY_PATCH)
+
+    async def delete(self, path: str, *, uid: str | None, dry_run: bool) -> None:
+        """Delete the object at ``path`` (background propagation, guarded by ``uid``); 404 is success."""
+        body: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background",
+        }
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        params = {"dryRun": "All"} if dry_run else None
+        try:
+            await self.request("DELETE", path, params=params, body=body)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise

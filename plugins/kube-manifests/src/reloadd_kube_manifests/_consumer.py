@@ -1,0 +1,224 @@
+"""The ``kube-manifests`` consumer: a folder of manifests, kept applied to a cluster.
+
+Files: ``.yaml``, ``.yml`` and ``.json`` (any case), recursively; dotfiles and files under dot-directories
+are ignored; ``X.skip`` beside ``X`` disables ``X`` (its objects are removed, as if ``X`` were deleted,
+and come back when the ``.skip`` file goes). Each file is one ApplySet (see ``_applyset``).
+
+Within a batch, files that exist are applied before deleted files are removed, so a rename (delete +
+add in one batch) re-labels the objects into the new file's set before the old set is emptied, and
+nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+
+from reloadd import (
+    Ack,
+    BaseConsumer,
+    Batch,
+    Change,
+    ChangeKind,
+    ConsumerContext,
+    Reject,
+    ReloaddError,
+    Result,
+    Retry,
+    TransientError,
+)
+
+from ._apply import Applier
+from ._applyset import ObjRef
+from ._client import KubeClient
+from ._discovery import Discovery
+from ._events import record_event
+from ._kubeconfig import load_cluster_config
+from ._manifests import ManifestError, load_manifest
+from ._outcome import FileOutcome
+from ._settings import Settings
+
+__all__ = ["KubeManifestsConsumer"]
+
+SUFFIXES = frozenset({".yaml", ".yml", ".json"})
+SKIP_SUFFIX = ".skip"
+_VERSION = "0.1.0"
+_FILES_AT_ONCE = 4
+
+
+class KubeManifestsConsumer(BaseConsumer):
+    """Server-side applies manifest files and prunes what they no longer contain.
+
+    Args:
+        ctx: The engine's context.
+        settings: Validated options.
+    """
+
+    def __init__(self, ctx: ConsumerContext, settings: Settings) -> None:
+        super().__init__(ctx)
+        self.settings = settings
+        self.client: KubeClient | None = None
+        self.discovery: Discovery | None = None
+        self.applier: Applier | None = None
+        self._discovered = False
+        self._resync: asyncio.Task[None] | None = None
+        self._files = asyncio.Semaphore(_FILES_AT_ONCE)
+        self.stats: dict[str, float] = {
+            "files_applied": 0, "files_removed": 0, "files_failed": 0,
+            "objects_applied": 0, "objects_pruned": 0, "api_requests": 0, "api_retries": 0,
+        }
+
+    # --- selection -----------------------------------------------------------------------------------
+    def _root_of(self, path: Path) -> Path | None:
+        for root in self.roots:
+            if path == root or path.is_relative_to(root):
+                return root
+        return None
+
+    def _hidden(self, path: Path) -> bool:
+        root = self._root_of(path)
+        rel = path.relative_to(root) if root is not None and path != root else Path(path.name)
+        return any(part.startswith(".") for part in rel.parts)
+
+    def accepts(self, path: Path) -> bool:
+        """Manifests (``.yaml``/``.yml``/``.json``) and ``.skip`` markers, outside dotfiles."""
+        if self._hidden(path):
+            return False
+        suffix = path.suffix.lower()
+        if suffix == SKIP_SUFFIX:
+            return Path(path.stem).suffix.lower() in SUFFIXES
+        return suffix in SUFFIXES
+
+    def key(self, path: Path) -> str:
+        """The stable identity of a file's ApplySet: consumer name and path relative to its root."""
+        root = self._root_of(path)
+        rel = path.relative_to(root).as_posix() if root is not None and path != root else path.name
+        return f"{self.name}:{rel}"
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the kubeconfig (errors here are configuration errors); discovery happens lazily."""
+        config = await asyncio.to_thread(load_cluster_config, self.settings.kubeconfig, self.settings.context)
+        self.client = KubeClient(config, user_agent=f"reloadd/{_VERSION} (kube-manifests)")
+        self.discovery = Discovery(self.client)
+        self.applier = Applier(
+            self.client, self.discovery, self.settings, default_namespace=config.namespace,
+            tooling=f"reloadd/{_VERSION}", logger=self.log,
+        )
+        if self.settings.resync_interval > 0 and self._resync is None:
+            self._resync = asyncio.create_task(self._resync_loop(), name=f"reloadd-{self.name}-resync")
+
+    async def _resync_loop(self) -> None:
+        """Force a pass over every file now and then, so edits made in the cluster are undone."""
+        while True:
+            await asyncio.sleep(self.settings.resync_interval)  # a timer, not a synchronisation
+            self.log.debug("Resync: re-applying every manifest")
+            self.ctx.trigger(None)
+
+    async def close(self) -> None:
+        """Stop the resync timer and close the HTTP connection pool."""
+        if self._resync is not None:
+            self._resync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resync
+            self._resync = None
+        if self.client is not None:
+            await self.client.close()
+
+    async def _ready(self) -> Applier:
+        if self.applier is None or self.discovery is None:
+            await self.start()
+        assert self.applier is not None and self.discovery is not None
+        if not self._discovered:
+            await self.discovery.load()
+            self._discovered = True
+        return self.applier
+
+    # --- handling ------------------------------------------------------------------------------------
+    async def handle(self, batch: Batch) -> Mapping[Path, Result]:
+        """Apply existing files (concurrently), then remove deleted ones."""
+        applier = await self._ready()
+        results: dict[Path, Result] = {}
+        live = [c for c in batch.changes if c.kind is not ChangeKind.DELETED]
+        gone = [c for c in batch.changes if c.kind is ChangeKind.DELETED]
+        skip_markers = [c for c in live + gone if c.path.suffix.lower() == SKIP_SUFFIX]
+        for c in skip_markers:
+            results[c.path] = Ack({"skip_marker_for": str(c.path.with_suffix(""))})
+        if skip_markers:
+            # The marked file itself did not change: have the engine hand it over again.
+            self.ctx.trigger([c.path.with_suffix("") for c in skip_markers])
+
+        claimed: set[ObjRef] = set()  # what the batch's existing files declare: never removed below
+
+        async def one(change: Change) -> None:
+            async with self._files:
+                results[change.path] = await self._one(applier, change, claimed)
+
+        await asyncio.gather(*(one(c) for c in live if c.path.suffix.lower() != SKIP_SUFFIX))
+        for c in gone:
+            if c.path.suffix.lower() != SKIP_SUFFIX:
+                results[c.path] = await self._one(applier, c, claimed)
+        self.stats["api_requests"] = applier.client.stats["requests"]
+        self.stats["api_retries"] = applier.client.stats["retries"]
+        return results
+
+    async def _one(self, applier: Applier, change: Change, claimed: set[ObjRef]) -> Result:
+        path = change.path
+        skipped = change.kind is not ChangeKind.DELETED and path.with_name(path.name + SKIP_SUFFIX).exists()
+        try:
+            if change.kind is ChangeKind.DELETED or skipped:
+                out = await applier.remove_file(self.key(path), keep=claimed)
+                self.stats["files_removed"] += 1
+                data = {**out.to_data(), "skipped": True} if skipped else out.to_data()
+                return await self._result(path, out, data, "remove")
+            record = self.ctx.records.get(path)
+            previous = record.data if record is not None and isinstance(record.data, dict) else None
+            unchanged = (
+                not change.forced and previous is not None and record is not None and record.error is None
+                and change.digest is not None and previous.get("sha256") == change.digest
+            )
+            if unchanged:
+                return Ack(previous)
+            manifest = await asyncio.to_thread(load_manifest, path, max_bytes=self.settings.max_file_size)
+            out = await applier.apply_file(self.key(path), str(path), manifest, thorough=change.forced)
+            claimed.update(out.desired)
+            self.stats["files_applied"] += 1
+            self.stats["objects_applied"] += out.applied
+            return await self._result(path, out, out.to_data(), "apply")
+        except ManifestError as exc:
+            self.stats["files_failed"] += 1
+            self.log.warning("Failed to apply %s: %s", path, exc)
+            return Reject(str(exc))
+        except TransientError as exc:
+            self.log.warning("Failed to %s %s (will retry): %s", "apply" if change.fingerprint else "remove",
+                             path, exc)
+            return Retry(str(exc))
+        except ReloaddError as exc:
+            self.stats["files_failed"] += 1
+            self.log.warning("Failed to %s %s: %s", "apply" if change.fingerprint else "remove", path, exc)
+            return Reject(str(exc))
+
+    async def _event(self, out: FileOutcome, reason: str, message: str) -> None:
+        if self.client is None or self.settings.dry_run:
+            return
+        ns, _, name = out.parent.partition("/")
+        await record_event(self.client, ns, name, reason=reason, message=message, warning=True,
+                           component=f"reloadd/{self.name}", log=self.log)
+
+    async def _result(self, path: Path, out: FileOutcome, data: dict[str, object], verb: str) -> Result:
+        self.stats["objects_pruned"] += len(out.pruned)
+        if out.transient or out.errors:
+            reason = "ApplyFailed" if verb == "apply" else "RemoveFailed"
+            await self._event(out, reason, f"{path}: {out.summary()}")
+        if out.transient:
+            self.log.warning("Failed to %s %s (will retry): %s", verb, path, out.summary())
+            return Retry(out.summary())
+        if out.errors:
+            self.stats["files_failed"] += 1
+            self.log.warning("Failed to %s %s: %s", verb, path, out.summary())
+            return Reject(out.summary(), data)
+        self.log.info("%s %s: %d applied, %d pruned", "Applied" if verb == "apply" else "Removed", path,
+                      out.applied, len(out.pruned))
+        return Ack(data)

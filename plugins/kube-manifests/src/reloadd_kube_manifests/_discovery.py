@@ -1,0 +1,167 @@
+"""API discovery: (group, version, kind) → resource URL, cached per group/version.
+
+The classic walk (``/api``, ``/api/v1``, ``/apis``, ``/apis/<g>/<v>``) works on every server version;
+aggregated discovery is a later optimisation 1.20 does not have. The cache of a group/version is refreshed
+when a lookup misses (rate-limited, so a manifest full of unknown kinds cannot hammer the server) and
+forcibly after a CRD of that group becomes established.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from ._client import ApiError, KubeClient
+
+__all__ = ["Discovery", "Resource", "split_api_version"]
+
+
+def split_api_version(api_version: str) -> tuple[str, str]:
+    """``"apps/v1"`` → ``("apps", "v1")``; ``"v1"`` → ``("", "v1")``."""
+    group, _, version = api_version.rpartition("/")
+    return group, version
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A served resource type.
+
+    Attributes:
+        group: API group (``""`` for core).
+        version: API version.
+        kind: Object kind.
+        plural: URL resource name.
+        namespaced: Whether objects live in namespaces.
+    """
+
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        """``group/version`` or ``version`` for core."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def group_kind(self) -> str:
+        """``Kind.group`` as the ApplySet spec spells it (``Kind`` for core)."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
+
+    def path(self, namespace: str | None, name: str | None = None) -> str:
+        """The collection URL, or the object URL when ``name`` is given."""
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        return base + f"/{quote(name, safe='')}" if name else base
+
+
+def _gv_path(group: str, version: str) -> str:
+    return f"/apis/{group}/{version}" if group else f"/api/{version}"
+
+
+class Discovery:
+    """A cache of what the server serves.
+
+    Args:
+        client: The REST client.
+        min_refresh: Minimum seconds between two refreshes of one group/version on a miss.
+        clock: Injectable monotonic clock.
+    """
+
+    def __init__(
+        self, client: KubeClient, *, min_refresh: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._client = client
+        self._min_refresh = min_refresh
+        self._clock = clock
+        self._by_gv: dict[tuple[str, str], dict[str, Resource]] = {}
+        self._fetched: dict[tuple[str, str], float] = {}
+        self._preferred: dict[str, str] = {"": "v1"}
+        self._groups_fetched = -1e9
+        self._lock = asyncio.Lock()
+
+    async def load(self) -> None:
+        """Walk all groups and versions once (unreachable aggregated APIs are skipped)."""
+        await self._load_groups()
+        gvs = [("", "v1")] + [(g, v) for g, vs in self._versions.items() for v in vs]
+        await asyncio.gather(*(self._load_gv(g, v) for g, v in gvs))
+
+    async def _load_groups(self) -> None:
+        body = await self._client.get("/apis")
+        self._versions: dict[str, list[str]] = {}
+        for grp in body.get("groups") or ():
+            name = str(grp.get("name"))
+            self._versions[name] = [str(v.get("version")) for v in grp.get("versions") or ()]
+            pref = grp.get("preferredVersion") or {}
+            if pref.get("version"):
+                self._preferred[name] = str(pref["version"])
+        self._groups_fetched = self._clock()
+
+    async def _load_gv(self, group: str, version: str) -> None:
+        self._fetched[(group, version)] = self._clock()
+        try:
+            body = await self._client.get(_gv_path(group, version))
+        except ApiError as exc:
+            if exc.status in (404, 503):
+                self._by_gv[(group, version)] = {}
+                return
+            raise
+        kinds: dict[str, Resource] = {}
+        for res in body.get("resources") or ():
+            name = str(res.get("name"))
+            if "/" in name:
+                continue  # a subresource such as deployments/status
+            kinds[str(res.get("kind"))] = Resource(
+                group, version, str(res.get("kind")), name, bool(res.get("namespaced"))
+            )
+        self._by_gv[(group, version)] = kinds
+
+    async def resolve(self, api_version: str, kind: str) -> Resource | None:
+        """The resource for ``apiVersion``/``kind``, refreshing a stale miss; ``None`` if not served."""
+        group, version = split_api_version(api_version)
+        found = self._by_gv.get((group, version), {}).get(kind)
+        if found is not None:
+            return found
+        async with self._lock:
+            if self._clock() - self._fetched.get((group, version), -1e9) >= self._min_refresh:
+                await self._load_gv(group, version)
+        return self._by_gv.get((group, version), {}).get(kind)
+
+    async def resolve_group_kind(self, group: str, kind: str) -> Resource | None:
+        """The resource for ``group``/``kind`` at the group's preferred (else any served) version."""
+        async with self._lock:
+            if group not in self._preferred and self._clock() - self._groups_fetched >= self._min_refresh:
+                await self._load_groups()
+        pref = self._preferred.get(group)
+        if pref is not None:
+            res = await self.resolve(f"{group}/{pref}" if group else pref, kind)
+            if res is not None:
+                return res
+        for (g, _v), kinds in self._by_gv.items():
+            if g == group and kind in kinds:
+                return kinds[kind]
+        return None
+
+    def invalidate(self, group: str) -> None:
+        """Forget the fetch times of ``group`` so the next lookups re-read it (after a CRD change)."""
+        for gv in [gv for gv in self._fetched if gv[0] == group]:
+            del self._fetched[gv]
+        self._groups_fetched = -1e9
+
+    @staticmethod
+    def parse_group_kind(value: str) -> tuple[str, str]:
+        """``"Deployment.apps"`` → ``("apps", "Deployment")``; ``"ConfigMap"`` → ``("", "ConfigMap")``."""
+        kind, _, group = value.partition(".")
+        return group, kind
+
+    def snapshot(self) -> Mapping[tuple[str, str], Mapping[str, Any]]:
+        """The cached resources per group/version (for diagnostics and tests)."""
+        return {gv: dict(kinds) for gv, kinds in self._by_gv.items()}

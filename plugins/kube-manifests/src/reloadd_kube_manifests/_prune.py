@@ -1,0 +1,130 @@
+"""Finding and deleting the members of an ApplySet that are no longer wanted.
+
+Members are found by label (``applyset.kubernetes.io/part-of=<id>``), per group/kind and namespace the
+parent lists, exactly as the spec says; an object is deleted only if its label still names this set at
+listing time, and the delete carries a ``uid`` precondition so an object re-created meanwhile survives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ._applyset import LABEL_PART_OF, ObjRef
+from ._client import ApiError, KubeClient
+from ._discovery import Discovery, Resource
+from ._ordering import sort_for_delete
+
+__all__ = ["Member", "delete_members", "inventory_members", "list_members"]
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A live object labelled as part of the set."""
+
+    ref: ObjRef
+    uid: str
+    resource: Resource
+
+
+async def list_members(
+    client: KubeClient,
+    discovery: Discovery,
+    set_id: str,
+    group_kinds: Iterable[str],
+    namespaces: Iterable[str],
+) -> tuple[list[Member], list[str], list[str]]:
+    """Live members of ``set_id`` over ``group_kinds`` × ``namespaces``.
+
+    Returns:
+        The members found; notes about group/kinds the server no longer serves (skipped); and errors
+        for listings the server refused (e.g. 403), whose group/kinds could not be checked.
+    """
+    notes: list[str] = []
+    errors: list[str] = []
+    queries: list[tuple[Resource, str | None]] = []
+    for gk in sorted(set(group_kinds)):
+        group, kind = Discovery.parse_group_kind(gk)
+        res = await discovery.resolve_group_kind(group, kind)
+        if res is None:
+            notes.append(f"{gk} is not served; its objects were not checked")
+            continue
+        if res.namespaced:
+            queries.extend((res, ns) for ns in sorted(set(namespaces)))
+        else:
+            queries.append((res, None))
+
+    async def one(res: Resource, ns: str | None) -> list[Member]:
+        try:
+            body = await client.get(res.path(ns), {"labelSelector": f"{LABEL_PART_OF}={set_id}"})
+        except ApiError as exc:
+            errors.append(f"prune: cannot list {res.group_kind}{' in ' + ns if ns else ''}: {exc}")
+            return []
+        found = []
+        for item in body.get("items") or ():
+            meta: dict[str, Any] = item.get("metadata") or {}
+            if (meta.get("labels") or {}).get(LABEL_PART_OF) != set_id:
+                continue  # never touch what another set (or nobody) owns
+            ref = ObjRef(res.group, res.kind, str(meta.get("namespace") or ""), str(meta.get("name")))
+            found.append(Member(ref, str(meta.get("uid") or ""), res))
+        return found
+
+    results = await asyncio.gather(*(one(res, ns) for res, ns in queries))
+    return [m for chunk in results for m in chunk], notes, errors
+
+
+async def inventory_members(
+    client: KubeClient, discovery: Discovery, set_id: str, refs: Iterable[ObjRef]
+) -> tuple[list[Member], list[str]]:
+    """The objects of ``refs`` that exist and still carry ``set_id``'s label (one GET each).
+
+    The cheap path for a changed file: the parent's inventory names every object the set may hold
+    (it is widened before anything is applied), so only those that left the file need a look.
+
+    Returns:
+        The members, and errors for objects that could not be read.
+    """
+    errors: list[str] = []
+
+    async def one(ref: ObjRef) -> Member | None:
+        res = await discovery.resolve_group_kind(ref.group, ref.kind)
+        if res is None:
+            return None  # the kind is gone, and its objects with it
+        try:
+            obj = await client.get(res.path(ref.namespace or None, ref.name))
+        except ApiError as exc:
+            if exc.status != 404:
+                errors.append(f"prune: cannot read {ref}: {exc}")
+            return None
+        meta: dict[str, Any] = obj.get("metadata") or {}
+        if (meta.get("labels") or {}).get(LABEL_PART_OF) != set_id:
+            return None  # moved to another set (a renamed file) or relabelled by hand
+        return Member(ref, str(meta.get("uid") or ""), res)
+
+    found = await asyncio.gather(*(one(r) for r in sorted(set(refs))))
+    return [m for m in found if m is not None], errors
+
+
+async def delete_members(
+    client: KubeClient, members: Iterable[Member], *, dry_run: bool
+) -> tuple[list[ObjRef], list[str]]:
+    """Delete ``members`` in reverse apply order.
+
+    Returns:
+        The references deleted, and error messages for those that could not be.
+    """
+    deleted: list[ObjRef] = []
+    errors: list[str] = []
+    for m in sort_for_delete(members, lambda m: (m.ref.group, m.ref.kind)):
+        try:
+            await client.delete(m.resource.path(m.ref.namespace or None, m.ref.name), uid=m.uid,
+                                dry_run=dry_run)
+        except ApiError as exc:
+            if exc.status == 409:
+                continue  # uid precondition failed: re-created by someone else meanwhile
+            errors.append(f"prune {m.ref}: {exc}")
+            continue
+        deleted.append(m.ref)
+    return deleted, errors

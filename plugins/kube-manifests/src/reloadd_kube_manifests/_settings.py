@@ -1,0 +1,64 @@
+"""The consumer's options, validated once at load time."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reloadd import Options
+
+__all__ = ["Settings"]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Validated ``[consumer.options]``.
+
+    Attributes:
+        kubeconfig: Kubeconfig file; ``None`` = in-cluster, then ``$KUBECONFIG`` / ``~/.kube/config``.
+        context: Kubeconfig context (default: its current-context).
+        field_manager: Server-side-apply field manager.
+        force: Take over fields other managers own (as k3s does); off reports a conflict instead.
+        namespace: Where the ApplySet parent ConfigMaps live.
+        prune: Delete objects that left a file, and everything of a deleted file.
+        dry_run: Send every write with ``dryRun=All`` (nothing changes in the cluster).
+        max_file_size: Files larger than this many bytes are rejected unread.
+        crd_timeout: Seconds to wait for a CRD to become established and served.
+        parallel: Objects applied at once (within one apply rank).
+        resync_interval: Seconds between forced passes over every file (drift correction, k3s#3711);
+            0 disables them (SIGHUP still forces one).
+    """
+
+    kubeconfig: Path | None = None
+    context: str | None = None
+    field_manager: str = "reloadd"
+    force: bool = True
+    namespace: str = "kube-system"
+    prune: bool = True
+    dry_run: bool = False
+    max_file_size: int = 5 * 1024 * 1024
+    crd_timeout: float = 30.0
+    parallel: int = 8
+    resync_interval: float = 0.0
+
+    @classmethod
+    def from_options(cls, table: Mapping[str, Any], where: str, base: Path | None = None) -> Settings:
+        """Read ``table`` strictly (unknown keys raise :class:`reloadd.ConfigError`)."""
+        opts = Options(table, where=where)
+        settings = cls(
+            kubeconfig=opts.path("kubeconfig", base=base),
+            context=opts.str("context"),
+            field_manager=opts.str("field_manager", "reloadd"),
+            force=opts.bool("force", True),
+            namespace=opts.str("namespace", "kube-system"),
+            prune=opts.bool("prune", True),
+            dry_run=opts.bool("dry_run", False),
+            max_file_size=opts.int("max_file_size", 5 * 1024 * 1024, minimum=1),
+            crd_timeout=opts.duration("crd_timeout", 30.0),
+            parallel=opts.int("parallel", 8, minimum=1),
+            resync_interval=opts.duration("resync_interval", 0.0),
+        )
+        opts.finish()
+        return settings

@@ -1,0 +1,1 @@
+"""Test infrastructure: a real kube-apiserver (+ etcd, kube-controller-manager) on loopback."""

@@ -1,0 +1,1 @@
+"""Integration tests of the kube-manifests consumer against a real kube-apiserver."""

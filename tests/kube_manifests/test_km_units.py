@@ -1,0 +1,108 @@
+"""Pure parts: manifest parsing, ApplySet naming, ordering and option validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from reloadd_kube_manifests import Settings, applyset_id, create, parent_name, parse_manifest
+from reloadd_kube_manifests._ordering import sort_for_apply, sort_for_delete
+
+from reloadd import ConfigError, ConsumerContext
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_applyset_id_matches_kubectl() -> None:
+    # The value kubectl 1.32 computed for parent configmaps/reloadd-a in namespace default.
+    assert applyset_id("reloadd-a", "default") == "applyset-lAkygGgVKSPPnBD_isTDC3Q2fsfUZD3_4b0rwJhRO2A-v1"
+
+
+def test_parent_names_are_valid_and_distinct_for_same_basenames() -> None:
+    a, b = parent_name("m:team-a/my_app.yaml"), parent_name("m:team-b/my_app.yaml")
+    assert a != b
+    assert a.startswith("reloadd-my-app-yaml-") and len(a) <= 63
+    assert parent_name("m:" + "Ü" * 300 + ".yaml").startswith("reloadd-yaml-")
+
+
+def test_yaml_stream_lists_empty_documents_and_strings_kept() -> None:
+    text = """\
+---
+# a comment-only document is dropped
+---
+apiVersion: v1
+kind: ConfigMapList
+items:
+- {apiVersion: v1, kind: ConfigMap, metadata: {name: a, resourceVersion: "5", managedFields: []}}
+- {apiVersion: v1, kind: ConfigMap, metadata: {name: b}, data: {when: 2024-01-01, yes: on}}
+---
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: n}
+"""
+    m = parse_manifest(text.encode())
+    assert m.errors == []
+    assert [(o.doc, o.item, o.name) for o in m.objects] == [(1, 0, "a"), (1, 1, "b"), (2, None, "n")]
+    assert m.objects[0].body["metadata"] == {"name": "a"}  # server-owned fields stripped
+    assert m.objects[1].body["data"] == {"when": "2024-01-01", True: True}
+    assert m.objects[2].line == 11
+
+
+def test_json_file_and_its_errors() -> None:
+    good = parse_manifest(json.dumps({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}).encode(),
+                          json_file=True)
+    assert [o.kind for o in good.objects] == ["Secret"]
+    bad = parse_manifest(b'{"apiVersion": "v1",\n "kind": }', json_file=True)
+    assert len(bad.errors) == 1 and bad.errors[0].line == 2 and "JSON error" in bad.errors[0].message
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a: &a [*a]\n", "recursive alias"),
+        ("x: " + "[" * 300 + "]" * 300 + "\n", "nested deeper than 200 levels"),
+        ("kind: ConfigMap\nmetadata: {name: x}\n", "missing apiVersion"),
+        ("apiVersion: v1\nkind: ConfigMap\nmetadata: {}\n", "missing metadata.name"),
+        (b"\xff\xfe".decode("latin-1"), "expected an object"),
+        ("apiVersion: v1\nkind: [\n", "YAML error at line 3"),
+    ],
+)
+def test_bad_documents_are_reported_not_raised(text: str, message: str) -> None:
+    m = parse_manifest(text.encode())
+    assert m.objects == []
+    assert len(m.errors) == 1 and message in m.errors[0].message, m.errors
+
+
+def test_invalid_utf8_is_a_document_error() -> None:
+    m = parse_manifest(b"apiVersion: v1\nkind: \xff\n")
+    assert "not UTF-8" in m.errors[0].message
+
+
+def test_apply_order_puts_crds_and_namespaces_first_and_deletes_reverse() -> None:
+    items = [("", "ConfigMap"), ("example.com", "Widget"), ("", "Namespace"),
+             ("apiextensions.k8s.io", "CustomResourceDefinition"), ("apps", "Deployment")]
+    ordered = sort_for_apply(items, lambda x: x)
+    assert ordered[:3] == [("apiextensions.k8s.io", "CustomResourceDefinition"), ("", "Namespace"),
+                           ("", "ConfigMap")]
+    assert ordered[3:] == [("example.com", "Widget"), ("apps", "Deployment")]  # file order kept
+    assert sort_for_delete(items, lambda x: x)[-2:] == ordered[1::-1]
+
+
+def ctx(tmp_path: Path, **options: Any) -> ConsumerContext:
+    return ConsumerContext(name="m", paths=(tmp_path,), options=options, state_dir=tmp_path,
+                           config_file=tmp_path / "reloadd.toml")
+
+
+def test_options_defaults_and_validation(tmp_path: Path) -> None:
+    consumer = create(ctx(tmp_path, kubeconfig="kc.yaml"))
+    s = consumer.settings
+    assert s == Settings(kubeconfig=tmp_path / "kc.yaml")
+    assert (s.field_manager, s.force, s.namespace, s.prune, s.dry_run) == (
+        "reloadd", True, "kube-system", True, False)
+    with pytest.raises(ConfigError, match="unknown key\\(s\\) 'forse'"):
+        create(ctx(tmp_path, forse=False))
+    with pytest.raises(ConfigError, match="'force' must be a boolean"):
+        create(ctx(tmp_path, force="yes"))
