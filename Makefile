@@ -31,8 +31,11 @@ check: install
 demo: deps install
 	$(BIN)/python -m examples.demo.run_demo
 
-bench: deps install
+bench: deps kube install
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.registry_mirrors
+	$(BIN)/python -m bench.containerd_images
+	$(BIN)/python -m bench.kube_manifests
 
 faults: deps kube install
 	RELOADD_RELIABILITY_REPORT=docs/reliability.md $(BIN)/pytest -q -p no:cacheprovider tests/faults -m 'slow or not slow'

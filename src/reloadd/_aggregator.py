@@ -118,8 +118,11 @@ class Aggregator:
             self._pending[key] = p
         else:
             self.coalesced += 1
-            p.last = now
             p.events += 1
+            if not verify or writing is not None:
+                # A walk re-finding a held path says nothing new about its writer: only real
+                # events restart the quiet period (else slow rescans could hold it forever).
+                p.last = now
             p.forced = p.forced or forced
             if forced:
                 p.reason = reason
@@ -173,6 +176,22 @@ class Aggregator:
             seen.add(key)
             out.append(key)
         return out
+
+    def distrust_writers(self, now: float) -> int:
+        """Events were lost (overflow): a held writer's CLOSE_WRITE may never come.
+
+        Every entry held for an open writer is switched to the two-probe growth check
+        instead. Returns how many were switched.
+        """
+        n = 0
+        for key, p in self._pending.items():
+            if p.writing:
+                p.writing = False
+                p.verify = True
+                p.last = now
+                self._push(key, p)
+                n += 1
+        return n
 
     def probed(self, key: Key, fingerprint: Fingerprint | None, now: float) -> Pending | None:
         """Report what a probe of a due key found.

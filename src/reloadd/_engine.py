@@ -175,8 +175,9 @@ class Engine:
                 continue
             self.stats.events[(ev.source, ev.kind.value)] += 1
             if ev.kind is EventKind.RESCAN:
-                if ev.source == "inotify":
-                    self.stats.overflows += 1
+                if ev.source in ("inotify", "supervisor"):  # events were lost
+                    self.stats.overflows += ev.source == "inotify"
+                    self.agg.distrust_writers(now)
                 if rescan is not Reason.STARTUP:
                     rescan = Reason.STARTUP if ev.source == "startup" else Reason.RESCAN
             elif ev.kind is EventKind.RESYNC:
@@ -236,7 +237,8 @@ class Engine:
                         jobs.append((root, root, s.filter.recursive))
         jobs = list(dict.fromkeys(jobs))
         views = [
-            _View(s.name, s.filter, dict(s._owns), {p: r.fingerprint for p, r in s.records.items()})
+            _View(s.name, s.filter, dict(s._owns), {p: r.fingerprint for p, r in s.records.items()},
+                  s.queue.queued_fingerprints())
             for s in slots
         ]
         pending = set(self.agg.keys())
@@ -346,6 +348,7 @@ class _View:
     filter: PathFilter
     owns: dict[Path, bool]
     fingerprints: dict[Path, Fingerprint | None]
+    queued: dict[Path, Fingerprint | None]
     learned: dict[Path, bool] = field(default_factory=dict)
 
 
@@ -378,8 +381,13 @@ def _diff(
                     warned.add(path)
                     out.errors.append((path, pr.error))
                 continue
-            if forced or v.fingerprints.get(path, _MISSING) != pr.fingerprint or (v.name, path) in pending:
+            if forced or (v.name, path) in pending:
                 out.observe.append((v.name, path))
+            elif (
+                v.fingerprints.get(path, _MISSING) != pr.fingerprint
+                and v.queued.get(path, _MISSING) != pr.fingerprint
+            ):
+                out.observe.append((v.name, path))  # differs from what was acknowledged and what is queued
         scopes = tops if tops is not None else list(v.filter.roots)
         for path in v.fingerprints:
             pr_found = found.get(path)

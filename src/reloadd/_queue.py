@@ -114,6 +114,7 @@ class WorkQueue:
         self._clock = clock
         self._items: dict[Path, Item] = {}
         self._inflight: set[Path] = set()
+        self._inflight_fps: dict[Path, Fingerprint | None] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._wakeup = asyncio.Event()
         self._flush_lock = asyncio.Lock()
@@ -136,6 +137,13 @@ class WorkQueue:
         if not self._items:
             return 0.0
         return max(0.0, self._clock() - min(i.since for i in self._items.values()))
+
+    def queued_fingerprints(self) -> dict[Path, Fingerprint | None]:
+        """What is queued or in flight per path (a copy, for the reconcile thread)."""
+        out = {p: i.fingerprint for p, i in self._items.items()}
+        for p, fp in self._inflight_fps.items():
+            out.setdefault(p, fp)
+        return out
 
     def counts(self) -> QueueCounts:
         """Waiting, in-flight, retrying and never-tried paths, and rejected records (cheap)."""
@@ -249,6 +257,7 @@ class WorkQueue:
             for item in ready:
                 del self._items[item.path]
                 self._inflight.add(item.path)
+                self._inflight_fps[item.path] = item.fingerprint
             task = asyncio.create_task(self._run_batch(ready), name=f"reloadd-batch-{self.consumer.name}")
             self._tasks.add(task)
             task.add_done_callback(self._batch_done)
@@ -281,6 +290,7 @@ class WorkQueue:
         except asyncio.CancelledError:
             for item in items:  # abandoned, not lost: still unacknowledged on disk
                 self._inflight.discard(item.path)
+                self._inflight_fps.pop(item.path, None)
                 self._items.setdefault(item.path, item)
             raise
         except Exception as exc:
@@ -297,6 +307,7 @@ class WorkQueue:
         finally:
             for item in items:
                 self._inflight.discard(item.path)
+                self._inflight_fps.pop(item.path, None)
 
     def _apply(self, item: Item, change: Change, result: Result | None) -> None:
         path = item.path

@@ -190,7 +190,8 @@ class Reloader:
                                                name="reloadd-pump"))
         for name, factory in self._sources():
             self._tasks.append(asyncio.create_task(self._supervise(name, factory), name=f"reloadd-{name}"))
-        if self.config.inotify and self._source_factories is None:
+        if "inotify" in self.source_names:
+            # Arm before the start-up walk: a change between the two is then seen by one of them.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._armed.wait(), 10.0)
         elif self._source_factories is None:

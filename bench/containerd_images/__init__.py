@@ -1,0 +1,1 @@
+"""Benchmarks of the containerd-images consumer against ``ctr images import``."""

@@ -1,0 +1,164 @@
+"""Benchmark: the containerd-images consumer vs ``ctr images import`` on the same containerd.
+
+    python -m bench.containerd_images [--runs 5] [--layers 6] [--mb 100] [--workdir DIR] [--out FILE]
+
+1. Import of a >= 500 MB multi-layer OCI tarball (gzip layers, with unpack), fresh containerd root per
+   run, ctr and reloadd interleaved (alternating who goes first); median of the per-pair ratios.
+2. Re-import of the same, unchanged file into the same containerd (ctr re-sends everything; the
+   consumer sends expected digests, so present blobs cost nothing).
+3. 20 small tarballs in one batch at concurrency 1, 2 and 4.
+
+Both sides are timed as whole processes (``ctr`` vs ``python -m bench.containerd_images.import_once``),
+so the consumer pays its interpreter start-up too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.infra import ImageSpec, private_containerd, write_oci_archive
+
+from .gen import big_oci_tarball
+
+
+async def _run(*cmd: str) -> tuple[float, str]:
+    t0 = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    dt = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed: {err.decode()[-2000:]}")
+    return dt, out.decode()
+
+
+async def ctr_import(address: str, *files: Path) -> float:
+    total = 0.0
+    for f in files:
+        dt, _ = await _run("ctr", "-a", address, "-n", "k8s.io", "images", "import", "--all-platforms", str(f))
+        total += dt
+    return total
+
+
+async def ours_import(address: str, concurrency: int, *files: Path) -> tuple[float, dict[str, Any]]:
+    dt, out = await _run(
+        sys.executable, "-m", "bench.containerd_images.import_once", address, str(concurrency), *map(str, files)
+    )
+    return dt, json.loads(out.strip().splitlines()[-1])
+
+
+async def fresh(work: Path, tag: str, fn: Any) -> Any:
+    d = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=work))
+    async with private_containerd(d) as ctd:
+        result = await fn(ctd)
+    shutil.rmtree(d, ignore_errors=True)  # kept (with containerd's log) when something failed
+    return result
+
+
+async def bench_big(work: Path, big: Path, runs: int) -> dict[str, Any]:
+    ctr_t, ours_t, ratios, rss, re_ctr, re_ours = [], [], [], [], [], []
+    for i in range(runs):
+        pair: dict[str, float] = {}
+        order = ("ctr", "ours") if i % 2 == 0 else ("ours", "ctr")
+        for who in order:
+
+            async def one(ctd: Any, who: str = who, pair: dict[str, float] = pair, i: int = i) -> None:
+                if who == "ctr":
+                    pair["ctr"] = await ctr_import(ctd.address, big)
+                    if i == 0:
+                        re_ctr.append(await ctr_import(ctd.address, big))
+                else:
+                    pair["ours"], stats = await ours_import(ctd.address, 2, big)
+                    rss.append(stats["max_rss_mb"])
+                    if i == 0:
+                        re_ours.append((await ours_import(ctd.address, 2, big))[0])
+
+            await fresh(work, who, one)
+        ctr_t.append(pair["ctr"])
+        ours_t.append(pair["ours"])
+        ratios.append(pair["ours"] / pair["ctr"])
+        print(f"  run {i + 1}: ctr {pair['ctr']:.2f}s  reloadd {pair['ours']:.2f}s  ratio {ratios[-1]:.2f}", flush=True)
+    return {
+        "ctr": ctr_t,
+        "ours": ours_t,
+        "ratios": ratios,
+        "median_ratio": statistics.median(ratios),
+        "ours_max_rss_mb": max(rss),
+        "reimport_ctr": re_ctr,
+        "reimport_ours": re_ours,
+    }
+
+
+async def bench_many(work: Path, rounds: int) -> dict[int, list[float]]:
+    files = []
+    src = work / "many"
+    src.mkdir(exist_ok=True)
+    for n in range(20):
+        f = src / f"img{n:02}.tar"
+        if not f.exists():
+            write_oci_archive(f, [ImageSpec(f"example.com/many{n}:v1", seed=f"many{n}", layers=3, layer_size=4 << 20)])
+        files.append(f)
+    out: dict[int, list[float]] = {1: [], 2: [], 4: []}
+    for r in range(rounds):
+        for c in (1, 2, 4) if r % 2 == 0 else (4, 2, 1):
+
+            async def one(ctd: Any, c: int = c) -> None:
+                dt, _ = await ours_import(ctd.address, c, *files)
+                out[c].append(dt)
+
+            await fresh(work, f"many{c}", one)
+        print(f"  round {r + 1}: " + "  ".join(f"c={c} {v[-1]:.2f}s" for c, v in out.items()), flush=True)
+    return out
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--mb", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/reloadd-bench-containerd"))
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    big = a.workdir / f"big-{a.layers}x{a.mb}.tar"
+    if not big.exists():
+        print(f"generating {big} ...", flush=True)
+        big_oci_tarball(big, "example.com/bench/big:v1", a.layers, a.mb)
+    size = big.stat().st_size
+    print(f"big tarball: {size / 1e6:.0f} MB, {a.layers} gzip layers", flush=True)
+    res_big = await bench_big(a.workdir, big, a.runs)
+    res_many = await bench_many(a.workdir, a.rounds)
+    med = statistics.median
+    lines = [
+        f"## containerd-images benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "",
+        f"- big tarball: {size / 1e6:.0f} MB OCI archive, {a.layers} gzip layers, import + unpack, fresh root "
+        f"per run, {a.runs} interleaved pairs",
+        f"- ctr images import: median {med(res_big['ctr']):.2f}s ({min(res_big['ctr']):.2f}–{max(res_big['ctr']):.2f})",
+        f"- reloadd (whole process): median {med(res_big['ours']):.2f}s "
+        f"({min(res_big['ours']):.2f}–{max(res_big['ours']):.2f}), peak RSS {res_big['ours_max_rss_mb']:.0f} MB",
+        f"- **median ratio reloadd/ctr: {res_big['median_ratio']:.2f}** (per-pair ratios "
+        + ", ".join(f"{r:.2f}" for r in res_big["ratios"])
+        + ")",
+        f"- re-import of the unchanged file into the same containerd: ctr {res_big['reimport_ctr'][0]:.2f}s, "
+        f"reloadd {res_big['reimport_ours'][0]:.2f}s (a restart with an unchanged file does no import at all)",
+        "- 20 tarballs (3 layers x 4 MB each) in one batch: "
+        + ", ".join(f"concurrency {c}: median {med(v):.2f}s" for c, v in res_many.items()),
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if a.out:
+        a.out.write_text(text)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,339 @@
+"""The ``containerd-images`` consumer: tarballs and ``.txt`` lists into containerd's image store."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from reloadd import (
+    Ack,
+    BaseConsumer,
+    Batch,
+    Change,
+    ChangeKind,
+    ConsumerContext,
+    ConsumerError,
+    PermanentError,
+    Reject,
+    Result,
+    Retry,
+    TransientError,
+)
+
+from ._client import CRI_NAMESPACE, ContainerdClient
+from ._importer import LEASE_LABEL, Importer, ImportSettings, lease_expiry
+from ._lists import pull_list, read_list
+from ._oci import host_platform
+from ._settings import Settings
+from ._state import FileImages, refs_held_elsewhere, state_of
+from ._unpack import ChainLocks
+
+__all__ = ["ContainerdImagesConsumer"]
+
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.bz2", ".tbz", ".tbz2", ".tar.lz4")
+PIN_LABEL = "io.cri-containerd.pinned"
+SOURCE_LABEL = "reloadd.io/source"
+INSTANCE_LABEL = "reloadd.io/instance"
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+class ContainerdImagesConsumer(BaseConsumer):
+    """Imports image tarballs and pre-pulls ``.txt`` lists; keeps images pinned while their file exists.
+
+    Args:
+        ctx: The consumer context.
+        settings: Validated options.
+    """
+
+    content_digest = False  # multi-GB tarballs: stat identity is enough
+
+    def __init__(self, ctx: ConsumerContext, settings: Settings) -> None:
+        super().__init__(ctx)
+        self.settings = settings
+        self.concurrency = settings.concurrency
+        self._client: ContainerdClient | None = None
+        self.locks = ChainLocks()
+        self.stats: dict[str, float] = {
+            "bytes_imported": 0,
+            "bytes_sent": 0,
+            "images_imported": 0,
+            "files_imported": 0,
+            "images_pulled": 0,
+            "pins_restored": 0,
+            "reimports_triggered": 0,
+            "import_failures": 0,
+            "import_seconds": 0,
+        }
+        self._stale_leases: set[str] = set()
+        self._instance = uuid.uuid4().hex[:12]
+        self._sem = asyncio.Semaphore(settings.concurrency)
+        self._verify: asyncio.Task[None] | None = None
+        self.verified = asyncio.Event()
+        """Set once the start-up check of recorded images has run."""
+        self._import_settings = ImportSettings(
+            snapshotter=settings.snapshotter,
+            unpack=settings.unpack,
+            platforms=settings.platforms,
+            unpack_platform=host_platform(),
+            cri=settings.namespace == CRI_NAMESPACE,
+            labels={**settings.labels, **({PIN_LABEL: "pinned"} if settings.pin else {})},
+        )
+
+    @property
+    def client(self) -> ContainerdClient:
+        """The containerd client (its channel is made on first use, inside the event loop)."""
+        if self._client is None:
+            self._client = ContainerdClient(self.settings.address, self.settings.namespace, self.settings.timeout)
+        return self._client
+
+    def accepts(self, path: Path) -> bool:
+        """Tarballs (``.tar[.gz|.zst|.bz2|.lz4]``, ``.tgz``, ``.tzst``, ``.tbz``) and ``.txt`` lists."""
+        name = path.name.lower()
+        return name.endswith(TAR_SUFFIXES) or name.endswith(".txt")
+
+    async def start(self) -> None:
+        """Check, in the background, that recorded images are still there and pinned."""
+        self._verify = asyncio.create_task(self._check_records(), name=f"{self.name}:verify")
+
+    async def close(self) -> None:
+        """Stop the background check and close the channel."""
+        if self._verify is not None:
+            self._verify.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._verify
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    async def handle(self, batch: Batch) -> Mapping[Path, Result]:
+        """Import, pull or release each path of the batch (up to ``concurrency`` at once)."""
+        results = await asyncio.gather(*(self._one(c) for c in batch.changes))
+        return dict(zip(batch.paths, results, strict=True))
+
+    async def _one(self, change: Change) -> Result:
+        async with self._sem:
+            try:
+                if change.kind is ChangeKind.DELETED:
+                    return await self._deleted(change.path)
+                return await self._changed(change)
+            except PermanentError as exc:
+                self.stats["import_failures"] += 1
+                self.log.error("Failed to import %s: %s", change.path, exc)
+                return Reject(f"{change.path}: {exc}", data=self._previous(change.path))
+            except TransientError as exc:
+                self.log.warning("Failed to handle %s (will retry): %s", change.path, exc)
+                return Retry(f"{change.path}: {exc}")
+            except Exception as exc:  # a failure nobody mapped: retry this path, keep the others going
+                self.log.exception("Failed to handle %s: %s", change.path, exc)
+                return Retry(f"{change.path}: unexpected {type(exc).__name__}: {exc}")
+
+    # -- added / modified ----------------------------------------------------------------------
+    async def _changed(self, change: Change) -> Result:
+        path = change.path
+        outside = self._outside_roots(path, change.root)
+        if outside:
+            self.log.error("Failed to import %s: %s", path, outside)
+            return Reject(f"{path}: {outside}", data=self._previous(path))
+        if path.name.lower().endswith(".txt"):
+            return await self._list(path)
+        old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
+        st = await self._import(path)
+        if old is not None:
+            await self._release(path, old.refs - st.refs, extra=[st])
+        return Ack(st.to_json())
+
+    def _previous(self, path: Path) -> object:
+        """The data of the last successful handling, kept across a Reject.
+
+        The images an earlier version of the file produced are still there; remembering them
+        lets a later delete release them.
+        """
+        rec = self.ctx.records.get(path)
+        return rec.data if rec is not None else None
+
+    def _outside_roots(self, path: Path, root: Path | None) -> str:
+        """Why ``path`` must not be read (a symlink leaving the watched folders), or ""."""
+        try:
+            real = path.resolve(strict=True)
+        except OSError as exc:
+            raise TransientError(f"cannot resolve: {exc}") from exc
+        roots = [root] if root is not None else list(self.roots)
+        for r in roots:
+            rr = Path(r).resolve()
+            if real == rr or rr in real.parents:
+                return ""
+        return f"symlink to {real}, outside the watched folder {roots[0] if roots else '?'}; refusing to read it"
+
+    async def _import(self, path: Path) -> FileImages:
+        await self._drop_stale_leases()
+        t0 = time.monotonic()
+        size = os.stat(path).st_size
+        lease = await self.client.create_lease(
+            lease_expiry(size), {LEASE_LABEL: self.name, INSTANCE_LABEL: self._instance}
+        )
+        importer = Importer(self.client, self._import_settings, self.locks, self.log)
+        try:
+            rep = await importer.import_file(path, lease, {SOURCE_LABEL: str(path)})
+        finally:
+            await self._drop_lease(lease)
+        dt = max(time.monotonic() - t0, 1e-6)
+        for w in rep.warnings:
+            self.log.warning("%s: %s", path, w)
+        self.stats["bytes_imported"] += rep.bytes_read
+        self.stats["bytes_sent"] += rep.bytes_sent
+        self.stats["images_imported"] += len(rep.images)
+        self.stats["files_imported"] += 1
+        self.log.info(
+            "Imported %s: %d image(s), %s read, %s sent, %d of %d blobs present, %d layer(s) "
+            "unpacked in %.2fs (%.1f MB/s; ingest %.2fs, unpack %.2fs)",
+            path,
+            len(rep.images),
+            _mb(rep.bytes_read),
+            _mb(rep.bytes_sent),
+            rep.blobs_present,
+            rep.blobs,
+            rep.layers_unpacked,
+            dt,
+            rep.bytes_read / dt / 1e6,
+            rep.ingest_seconds,
+            rep.unpack_seconds,
+        )
+        self.stats["import_seconds"] += dt
+        return FileImages("tar", tuple((i.name, i.target.digest, i.refs) for i in rep.images))
+
+    async def _drop_lease(self, lease: str) -> None:
+        try:
+            await self.client.delete_lease(lease)
+        except ConsumerError:
+            self._stale_leases.add(lease)  # containerd is away; dropped before the next import
+
+    async def _drop_stale_leases(self) -> None:
+        # sync: containerd collects what the failed import left (partial ingests) right away.
+        for lease in list(self._stale_leases):
+            await self.client.delete_lease(lease, sync=True)
+            self._stale_leases.discard(lease)
+
+    async def _list(self, path: Path) -> Result:
+        try:
+            text = await asyncio.to_thread(read_list, path)
+        except ValueError as exc:
+            return Reject(f"{path}: {exc}", data=self._previous(path))
+        labels = {PIN_LABEL: "pinned"} if self.settings.pin else {}
+        labels.update(self.settings.labels)
+        labels[SOURCE_LABEL] = str(path)
+        res = await pull_list(self.client, text, labels, self.settings.pull_timeout, self.log, path)
+        self.stats["images_pulled"] += res.pulled
+        self.log.info(
+            "Processed list %s: %d image(s) present, %d pulled, %d invalid line(s), %d failed",
+            path,
+            len(res.images) - res.pulled,
+            res.pulled,
+            len(res.invalid),
+            len(res.failed),
+        )
+        st = FileImages(
+            "list",
+            tuple(
+                (str(i["name"]), str(i["digest"]), tuple(i["refs"]))  # type: ignore[arg-type]
+                for i in res.images
+            ),
+        )
+        if res.invalid:
+            return Reject(f"{path}: " + "; ".join(res.invalid + res.failed), data=st.to_json())
+        if res.failed:
+            return Retry(f"{path}: " + "; ".join(res.failed))
+        old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
+        if old is not None:
+            await self._release(path, old.refs - st.refs, extra=[st], namespace=CRI_NAMESPACE)
+        return Ack(st.to_json())
+
+    # -- deleted -------------------------------------------------------------------------------
+    async def _deleted(self, path: Path) -> Result:
+        rec = self.ctx.records.get(path)
+        st = state_of(rec.data) if rec is not None else None
+        if st is not None:
+            ns = CRI_NAMESPACE if st.kind == "list" else None
+            await self._release(path, st.refs, namespace=ns)
+        return Ack(None)
+
+    async def _release(
+        self, path: Path, refs: set[str], extra: list[FileImages] | None = None, namespace: str | None = None
+    ) -> None:
+        """Apply ``on_delete`` to ``refs`` that no other file produced."""
+        gone = sorted(refs - refs_held_elsewhere(self.ctx.records, path, extra or []))
+        if not gone or self.settings.on_delete == "keep":
+            return
+        for ref in gone:
+            if self.settings.on_delete == "remove":
+                await self.client.delete_image(ref, namespace=namespace)
+            else:
+                await self.client.set_image_labels(ref, {PIN_LABEL: None, SOURCE_LABEL: None}, namespace=namespace)
+        self.log.info(
+            "Released %d image record(s) of %s (%s): %s", len(gone), path, self.settings.on_delete, ", ".join(gone)
+        )
+
+    # -- start-up check ------------------------------------------------------------------------
+    async def _check_records(self) -> None:
+        """Wait for containerd, then re-pin or re-import what recorded files produced."""
+        delay = 0.5
+        while True:
+            try:
+                await self.client.version()
+                await self._delete_own_leases()
+                await self._verify_records()
+                self.verified.set()
+                return
+            except TransientError as exc:
+                self.log.warning("Failed to check recorded images (will retry): %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def _delete_own_leases(self) -> None:
+        """Delete leases an earlier run of this consumer left behind (crash mid-import)."""
+        for lease, labels in await self.client.list_leases():
+            if labels.get(LEASE_LABEL) == self.name and labels.get(INSTANCE_LABEL) != self._instance:
+                self.log.info("Deleting lease %s left by an interrupted import", lease)
+                await self.client.delete_lease(lease, sync=True)
+
+    async def _verify_records(self) -> None:
+        redo: list[Path] = []
+        for path, rec in list(self.ctx.records.items()):
+            st = state_of(rec.data)
+            if st is None or rec.fingerprint is None or not path.exists() or rec.error:
+                continue
+            if not await self._intact(path, st):
+                redo.append(path)
+        if redo:
+            self.stats["reimports_triggered"] += len(redo)
+            self.log.warning(
+                "Images of %d file(s) are missing or changed in containerd; importing again: %s",
+                len(redo),
+                ", ".join(map(str, redo)),
+            )
+            self.ctx.trigger(redo)
+
+    async def _intact(self, path: Path, st: FileImages) -> bool:
+        ns = CRI_NAMESPACE if st.kind == "list" else None
+        for name, digest, refs in st.images:
+            if st.kind == "list":
+                if await self.client.cri_image_id(name) != digest:
+                    return False
+            for ref in refs:
+                img = await self.client.get_image(ref, namespace=ns)
+                if img is None or (st.kind == "tar" and img.target.digest != digest):
+                    return False
+                if self.settings.pin and img.labels.get(PIN_LABEL) != "pinned":
+                    await self.client.set_image_labels(
+                        ref, {PIN_LABEL: "pinned", SOURCE_LABEL: str(path)}, namespace=ns
+                    )
+                    self.stats["pins_restored"] += 1
+                    self.log.info("Restored pin of %s (from %s)", ref, path)
+        return True

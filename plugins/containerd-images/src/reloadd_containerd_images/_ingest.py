@@ -1,0 +1,295 @@
+"""Streaming a tarball's members into the content store, as containerd's ``archive.ImportIndex``.
+
+Every regular member except ``oci-layout``, ``manifest.json`` and ``index.json`` becomes a blob
+(the index is only read: nothing references it once imported, so containerd would collect it). Members
+named ``blobs/sha256/<hex>`` are written with that digest as ``expected``: containerd then
+skips blobs it has (no data read or sent) and verifies the others. For a docker archive
+(``manifest.json``) a Docker schema 2 manifest per entry and an OCI index are synthesised,
+byte-identical to containerd's, so digests equal ``ctr images import``'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ._archive import ArchiveReader, Member, detect_compression
+from ._client import ContainerdClient, Descriptor
+from ._content import BytesSource, WriteResult, write_blob
+from ._errors import BadImageFile
+from ._oci import (
+    ANN_IMAGE_NAME,
+    ANN_REF_NAME,
+    DOCKER_CONFIG,
+    DOCKER_LAYER,
+    DOCKER_LAYER_GZIP,
+    DOCKER_MANIFEST,
+    OCI_INDEX,
+    go_json,
+    normalize_platform,
+    normalize_ref,
+    ref_name_annotation,
+    sha256_digest,
+)
+
+__all__ = ["JSON_LIMIT", "Ingested", "ingest"]
+
+JSON_LIMIT = 8 << 20
+"""Largest JSON document (index, manifest, config) accepted, in bytes."""
+SMALL = 1 << 20
+"""Members up to this size are read whole (and kept when they look like JSON)."""
+CACHE_LIMIT = 64 << 20
+"""Bytes of small JSON blobs kept in memory per import; beyond that they are read back."""
+_BLOB_PATH = re.compile(r"blobs/sha256/([0-9a-f]{64})")
+_DOCKER_V1 = re.compile(r"repositories|[0-9a-f]{64}/(?:json|VERSION)")
+
+
+@dataclass
+class Ingested:
+    """What one pass over the tarball put into containerd."""
+
+    index: Descriptor
+    docs: dict[str, bytes] = field(default_factory=dict)
+    """digest → bytes of small JSON blobs (a cache; anything else is read back)."""
+    written: set[str] = field(default_factory=set)
+    blobs: int = 0
+    blobs_present: int = 0
+    bytes_sent: int = 0
+    bytes_read: int = 0
+    compression: str = ""
+    docker: bool = False
+
+
+class _MemberSource:
+    """A :class:`ChunkSource` over the current tar member that keeps its first bytes."""
+
+    def __init__(self, reader: ArchiveReader, head: bytes = b"") -> None:
+        self.reader = reader
+        self.head = head
+
+    async def begin(self) -> None:
+        await self.reader.begin()
+
+    async def read(self) -> bytes:
+        data = await self.reader.read()
+        if len(self.head) < 16 and data:
+            self.head += data[: 16 - len(self.head)]
+        return data
+
+
+def _json(raw: bytes, what: str) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadImageFile(f"{what} is not valid JSON: {exc}") from exc
+
+
+class IngestObserver(Protocol):
+    """Told about progress while the tarball streams in (see :class:`EarlyUnpack`)."""
+
+    def index_read(self, digest: str) -> None:
+        """index.json was read; its bytes are in the document cache."""
+
+    def blob_committed(self, digest: str) -> None:
+        """A blob is in containerd (and in the document cache if it is small JSON)."""
+
+
+async def ingest(
+    client: ContainerdClient,
+    path: Path,
+    lease: str,
+    observer: IngestObserver | None = None,
+    docs: dict[str, bytes] | None = None,
+) -> Ingested:
+    """Write every blob of ``path`` into containerd under ``lease``; return the index descriptor.
+
+    Args:
+        client: The containerd client.
+        path: The tarball.
+        lease: The import's lease.
+        observer: Told about index.json and each committed blob.
+        docs: The document cache to fill (shared with the observer).
+
+    Raises:
+        BadImageFile: not a tar, unsupported layout, malformed or oversized JSON.
+        TruncatedFile: the file ends early.
+    """
+    refbase = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    blobs: dict[str, Descriptor] = {}
+    heads: dict[str, bytes] = {}
+    links: dict[str, str] = {}
+    layout: Any = None
+    docker_manifests: Any = None
+    res = Ingested(Descriptor("", "", 0), docs=docs if docs is not None else {})
+    cached = 0
+    async with ArchiveReader(path) as reader:
+        res.compression = reader.compression
+        while (m := await reader.next_member()) is not None:
+            if m.link:
+                links[m.name] = m.link
+                continue
+            if m.name == "oci-layout":
+                layout = _json(await reader.read_all(JSON_LIMIT, "oci-layout"), "oci-layout")
+                continue
+            if _DOCKER_V1.fullmatch(m.name):
+                continue  # docker v1 leftovers nothing references (containerd's GC drops them)
+            if m.name == "manifest.json":
+                docker_manifests = _json(await reader.read_all(JSON_LIMIT, "manifest.json"), "manifest.json")
+                continue
+            if m.name == "index.json":
+                # Only read: containerd would store it as a blob that nothing references (the GC
+                # drops it once the lease is gone), so writing it would only cost a transfer.
+                raw = await reader.read_all(JSON_LIMIT, "index.json")
+                blobs[m.name] = Descriptor(OCI_INDEX, sha256_digest(raw), len(raw))
+                res.docs[sha256_digest(raw)] = raw
+                if observer is not None:
+                    observer.index_read(sha256_digest(raw))
+                continue
+            bm = _BLOB_PATH.fullmatch(m.name)
+            expected = f"sha256:{bm.group(1)}" if bm else ""
+            ref = (
+                f"reloadd-{bm.group(1)}"
+                if bm
+                else f"reloadd-{refbase}-{hashlib.sha256(m.name.encode()).hexdigest()[:16]}"
+            )
+            wr, head, data = await _write_member(client, reader, m, ref, expected, lease)
+            if data is not None and data[:1] == b"{" and cached + len(data) <= CACHE_LIMIT:
+                res.docs[wr.digest] = data
+                cached += len(data)
+            res.blobs += 1
+            res.blobs_present += wr.existed
+            res.bytes_sent += wr.bytes_sent
+            res.written.add(wr.digest)
+            if observer is not None:
+                observer.blob_committed(wr.digest)
+            heads[m.name] = head
+            blobs[m.name] = Descriptor("", wr.digest, m.size)
+        res.bytes_read = reader.bytes_read
+    for name, target in links.items():
+        if target in blobs:
+            blobs[name] = blobs[target]
+
+    if layout is not None:
+        if not isinstance(layout, dict) or layout.get("imageLayoutVersion") != "1.0.0":
+            raise BadImageFile(f"unsupported OCI layout version {layout!r} (want 1.0.0)")
+        idx = blobs.get("index.json")
+        if idx is None:
+            raise BadImageFile("OCI layout without index.json")
+        res.index = Descriptor(OCI_INDEX, idx.digest, idx.size)
+        return res
+    if docker_manifests is None:
+        raise BadImageFile("neither an OCI image layout (oci-layout) nor a docker archive (manifest.json)")
+    res.docker = True
+    res.index = await _docker_index(client, docker_manifests, blobs, heads, res, lease)
+    return res
+
+
+async def _write_member(
+    client: ContainerdClient, reader: ArchiveReader, m: Member, ref: str, expected: str, lease: str
+) -> tuple[WriteResult, bytes, bytes | None]:
+    if m.size <= SMALL:
+        data = await reader.read_all(SMALL, m.name)
+        actual = sha256_digest(data)
+        if expected and actual != expected:
+            raise BadImageFile(f"{m.name} does not match its digest (corrupt archive)")
+        # Digest known up front: a blob containerd has costs no transfer.
+        wr = await write_blob(client, ref, len(data), actual, BytesSource(data), lease)
+        return wr, data[:16], data
+    if not expected and reader.seekable:
+        # A docker-archive layer: hash it first (a local read) so a layer containerd
+        # already has is not sent again.
+        expected, head = await reader.digest()
+        src = _MemberSource(reader, head)
+    else:
+        src = _MemberSource(reader)
+    wr = await write_blob(client, ref, m.size, expected, src, lease)
+    return wr, src.head, None
+
+
+async def load_doc(client: ContainerdClient, res: Ingested, digest: str, what: str, lease: str) -> Any:
+    """A JSON blob (index, manifest, config) parsed: from the cache, else read back from containerd.
+
+    Raises:
+        BadImageFile: larger than :data:`JSON_LIMIT` or not JSON; ``what`` names it in the message.
+    """
+    raw = res.docs.get(digest)
+    if raw is None:
+        try:
+            raw = await client.read_blob(digest, JSON_LIMIT, lease)
+        except ValueError as exc:
+            raise BadImageFile(f"{what} {digest} is larger than {JSON_LIMIT} bytes allowed for JSON") from exc
+        res.docs[digest] = raw
+    return _json(raw, f"{what} {digest}")
+
+
+async def _write_json(client: ContainerdClient, res: Ingested, obj: Any, media_type: str, lease: str) -> Descriptor:
+    raw = go_json(obj)
+    d = sha256_digest(raw)
+    wr = await write_blob(client, "manifest-" + d, len(raw), d, BytesSource(raw), lease)
+    res.bytes_sent += wr.bytes_sent
+    res.docs[d] = raw
+    res.written.add(d)
+    return Descriptor(media_type, d, len(raw))
+
+
+async def _docker_index(
+    client: ContainerdClient,
+    manifests: Any,
+    blobs: dict[str, Descriptor],
+    heads: dict[str, bytes],
+    res: Ingested,
+    lease: str,
+) -> Descriptor:
+    """Synthesise manifests and the index exactly as containerd's ImportIndex does."""
+    if not isinstance(manifests, list):
+        raise BadImageFile("manifest.json is not a list")
+    entries: list[dict[str, Any]] = []
+    for n, mf in enumerate(manifests):
+        if not isinstance(mf, dict) or not isinstance(mf.get("Config"), str) or not isinstance(mf.get("Layers"), list):
+            raise BadImageFile(f"manifest.json entry {n} lacks Config/Layers")
+        cpath = posixpath.normpath(mf["Config"])
+        cfg = blobs.get(cpath)
+        if cfg is None:
+            raise BadImageFile(f"manifest.json entry {n} refers to {cpath}, which is not in the archive")
+        layers = []
+        for lp in mf["Layers"]:
+            lp = posixpath.normpath(str(lp))
+            b = blobs.get(lp)
+            if b is None:
+                raise BadImageFile(f"manifest.json entry {n} refers to layer {lp}, which is not in the archive")
+            # containerd 1.6 labels every compressed layer (zstd included) ...tar.gzip
+            mt = DOCKER_LAYER_GZIP if detect_compression(heads.get(lp, b"")) else DOCKER_LAYER
+            layers.append({"mediaType": mt, "digest": b.digest, "size": b.size})
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": DOCKER_MANIFEST,
+            "config": {"mediaType": DOCKER_CONFIG, "digest": cfg.digest, "size": cfg.size},
+            "layers": layers,
+        }
+        md = await _write_json(client, res, manifest, DOCKER_MANIFEST, lease)
+        config = await load_doc(client, res, cfg.digest, "config", lease)
+        if not isinstance(config, dict):
+            raise BadImageFile(f"config {cpath} is not a JSON object")
+        plat = normalize_platform(str(config.get("os", "")), str(config.get("architecture", "")))
+        tags = mf.get("RepoTags") or []
+        if not tags:
+            entries.append({"mediaType": md.media_type, "digest": md.digest, "size": md.size, "platform": plat})
+        for t in tags:
+            name = normalize_ref(str(t))
+            entries.append(
+                {
+                    "mediaType": md.media_type,
+                    "digest": md.digest,
+                    "size": md.size,
+                    "annotations": {ANN_IMAGE_NAME: name, ANN_REF_NAME: ref_name_annotation(name)},
+                    "platform": plat,
+                }
+            )
+    raw = go_json({"schemaVersion": 2, "manifests": entries})  # kept in memory, like index.json
+    res.docs[sha256_digest(raw)] = raw
+    return Descriptor(OCI_INDEX, sha256_digest(raw), len(raw))

@@ -1,0 +1,73 @@
+"""The consumer's options, validated once at load time."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from reloadd import ConfigError, ConsumerContext, Options
+
+from ._oci import parse_platform
+
+__all__ = ["ON_DELETE", "Settings"]
+
+ON_DELETE = ("unpin", "remove", "keep")
+DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Options of a ``containerd-images`` consumer (see the plugin README for each key)."""
+
+    address: str = DEFAULT_ADDRESS
+    namespace: str = "k8s.io"
+    snapshotter: str = "overlayfs"
+    unpack: bool = True
+    platforms: tuple[Mapping[str, str], ...] | None = None
+    concurrency: int = 2
+    pin: bool = True
+    on_delete: str = "unpin"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    pull_timeout: float = 600.0
+    timeout: float = 60.0
+
+    @classmethod
+    def from_context(cls, ctx: ConsumerContext) -> Settings:
+        """Read and check ``ctx.options``.
+
+        Raises:
+            ConfigError: naming the consumer and the key.
+        """
+        where = f"consumer {ctx.name!r} options"
+        o = Options(ctx.options, where=where)
+        platforms: tuple[Mapping[str, str], ...] | None = None
+        if o.has("platforms"):
+            specs = o.str_list("platforms")
+            try:
+                platforms = tuple(parse_platform(p) for p in specs)
+            except ValueError as exc:
+                raise ConfigError(f"{where}: key 'platforms': {exc}") from exc
+            if not platforms:
+                raise ConfigError(f"{where}: key 'platforms' must not be empty (omit it for all platforms)")
+        labels = o.table("labels")
+        for k, v in labels.items():
+            if not isinstance(v, str):
+                raise ConfigError(f"{where}: key 'labels.{k}' must be a string, got {type(v).__name__}")
+        address = o.path("address", DEFAULT_ADDRESS, base=ctx.config_file.parent if ctx.config_file else None)
+        s = cls(
+            address=str(address),
+            namespace=o.str("namespace", "k8s.io"),
+            snapshotter=o.str("snapshotter", "overlayfs"),
+            unpack=o.bool("unpack", True),
+            platforms=platforms,
+            concurrency=o.int("concurrency", 2, minimum=1),
+            pin=o.bool("pin", True),
+            on_delete=o.choice("on_delete", ON_DELETE, "unpin"),
+            labels=dict(labels),
+            pull_timeout=o.duration("pull_timeout", 600.0),
+            timeout=o.duration("timeout", 60.0),
+        )
+        o.finish()
+        if not s.namespace:
+            raise ConfigError(f"{where}: key 'namespace' must not be empty")
+        return s
