@@ -41,10 +41,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
+            _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -54,6 +51,12 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise StateError(f"Failed to write {path}: {exc.strerror or exc}") from exc
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _fsync_dir(d: Path) -> None:
@@ -227,10 +230,7 @@ class RecordStore(Mapping[Path, PathRecord]):
             try:
                 start = os.lseek(fd, 0, os.SEEK_END)
                 try:
-                    view = memoryview(data)
-                    while view:
-                        n = os.write(fd, view)
-                        view = view[n:]
+                    _write_all(fd, data)
                     os.fsync(fd)
                 except OSError:
                     os.ftruncate(fd, start)  # no torn half-batch left behind
