@@ -180,7 +180,7 @@ class Daemon:
 async def run_daemon(config: Path, *args: str, env: dict[str, str] | None = None) -> AsyncIterator[Daemon]:
     """Start ``reloadd [args] run --config config``; SIGTERM it on exit."""
     err = config.parent / "daemon.stderr"
-    with open(err, "wb") as f:  # noqa: ASYNC230 - opening a local log file for the child is instant
+    with open(err, "wb") as f:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "reloadd", *args, "run", "--config", str(config),
             stdin=asyncio.subprocess.DEVNULL, stdout=f, stderr=f,
