@@ -87,7 +87,9 @@ class Reloader:
         self._extra.append(consumer)
 
     def _records_for(self, name: str) -> RecordStore:
-        store = RecordStore(self.config.state_dir / "consumers" / name)
+        parent = self.config.state_dir / "consumers"
+        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        store = RecordStore(parent / name)
         store.load()
         return store
 

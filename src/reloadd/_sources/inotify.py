@@ -225,6 +225,7 @@ class InotifySource:
             if self._limited:
                 self._limited = None
                 await self._arm_all()
+                self._emit(EventKind.RESCAN, None)  # catch up on what changed while unwatched
                 if self._limited is None:
                     self._limit_logged = False
                     self.log.warning("inotify watches armed again; leaving rescan-only mode")

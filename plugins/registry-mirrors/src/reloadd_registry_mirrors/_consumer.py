@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +94,10 @@ class RegistryMirrorsConsumer(BaseConsumer):
         self._roots_before: list[Path] = []
         self._lock = asyncio.Lock()
         self._last_warnings: frozenset[str] = frozenset()
+        # What the notify action last confirmed, kept across restarts: a notify cut short by a
+        # crash is run again even though the files on disk already match.
+        self._notified_file = ctx.state_dir / "notified.sha256"
+        self._notified: str | None = None
         self._held: set[Path] = set()  # acknowledged while another input was broken
 
     def accepts(self, path: Path) -> bool:
@@ -107,6 +114,8 @@ class RegistryMirrorsConsumer(BaseConsumer):
             for warning in check.warnings:
                 self.log.warning("%s", warning)
             self._roots_before = check.roots_before
+        if self.settings.notify.enabled:
+            self._notified = await asyncio.to_thread(_read_text, self._notified_file)
         async with self._lock:
             try:
                 outcome, _ = await self._reconcile()
@@ -153,12 +162,16 @@ class RegistryMirrorsConsumer(BaseConsumer):
                 ", ".join(result.written) or "nothing",
                 ", ".join(result.removed) or "nothing",
             )
-            if self.settings.notify.enabled:
-                try:
-                    await self.settings.notify(sorted(rendered.files), result.written, result.removed)
-                except NotifyError as exc:
-                    self.stats["notify_failures"] += 1
-                    self.log.warning("Failed to notify after applying registry mirrors: %s", exc)
+        digest = _files_digest(rendered.files)
+        if self.settings.notify.enabled and (result.changed or digest != self._notified):
+            try:
+                await self.settings.notify(sorted(rendered.files), result.written, result.removed)
+            except NotifyError as exc:
+                self.stats["notify_failures"] += 1
+                self.log.warning("Failed to notify after applying registry mirrors: %s", exc)
+            else:
+                self._notified = digest
+                await asyncio.to_thread(_write_text, self._notified_file, digest)
         return outcome, result
 
     def _ask_for_unreported(self, outcome: Outcome, handed: set[Path]) -> None:
@@ -203,3 +216,26 @@ class RegistryMirrorsConsumer(BaseConsumer):
             )
             for path in batch.paths
         }
+
+
+def _files_digest(files: Mapping[str, str]) -> str:
+    h = hashlib.sha256()
+    for host in sorted(files):
+        h.update(host.encode() + b"\0" + files[host].encode() + b"\0")
+    return h.hexdigest()
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:  # only costs a repeated notify after a restart
+        logging.getLogger(__name__).warning("Failed to record the notified state in %s: %s", path, exc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,8 +72,13 @@ def _read(path: Path, limit: int, errors: list[Diagnostic], *, inside: Path | No
             if not target.is_relative_to(inside.resolve()):
                 errors.append(Diagnostic(path, "", f"symlink points outside {inside} (to {target}); refused"))
                 return None
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO dropped in as x.conf must not hang the reader; it is refused below.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
             st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                errors.append(Diagnostic(path, "", "not a regular file (FIFO, socket or device); refused"))
+                return None
             if st.st_size > limit:
                 errors.append(Diagnostic(path, "", f"file too large: {st.st_size} bytes, limit {limit}"))
                 return None

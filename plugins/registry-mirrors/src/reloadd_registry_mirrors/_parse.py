@@ -161,6 +161,8 @@ def decode(path: Path, data: bytes) -> RawFile:
         raise InputError.at(path, "", f"not UTF-8 text: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise InputError.at(path, "", f"invalid TOML: {exc}") from exc
+    except RecursionError as exc:  # tomllib recurses per nesting level: a hostile file must not escape
+        raise InputError.at(path, "", "invalid TOML: nested too deeply") from exc
     r = _Reader(path)
     out = RawFile(path)
     r.unknown(doc, _TOP_KEYS, "")
