@@ -106,3 +106,15 @@ def test_is_owned_checks_the_first_line_exactly(tmp_path: Path) -> None:
     (tmp_path / "x" / "hosts.toml").write_text(f"{HEADER}\n")
     assert is_owned(tmp_path / "x")
     assert not is_owned(tmp_path / "missing")
+
+
+def test_temp_files_of_a_killed_writer_are_swept(tmp_path: Path) -> None:
+    apply(tmp_path, {"a.com": TEXT_A, "gone.com": TEXT_B})
+    (tmp_path / "a.com" / ".hosts.toml.4242.tmp").write_text("half")  # SIGKILL between write and rename
+    (tmp_path / "gone.com" / ".hosts.toml.4243.tmp").write_text("half")
+    (tmp_path / "new.com").mkdir()
+    (tmp_path / "new.com" / ".hosts.toml.4244.tmp").write_text("half")  # killed on its very first write
+    (tmp_path / "a.com" / "ca.crt").write_text("not ours: kept")
+    apply(tmp_path, {"a.com": TEXT_A, "new.com": TEXT_B})
+    assert tree(tmp_path) == {"a.com/ca.crt": "not ours: kept", "a.com/hosts.toml": TEXT_A,
+                              "new.com/hosts.toml": TEXT_B}

@@ -12,6 +12,7 @@ Rules, each there because containerd reads these files on every pull:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Mapping
@@ -98,6 +99,18 @@ def _write_atomic(directory: Path, text: str) -> None:
     _fsync_dir(directory)
 
 
+def _sweep(directory: Path) -> None:
+    """Remove temp files a killed writer left behind (only our own ``.hosts.toml.<pid>.tmp`` names)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for n in names:
+        if n.startswith(f".{HOSTS_FILE}.") and n.endswith(".tmp"):
+            with contextlib.suppress(OSError):
+                os.unlink(directory / n)
+
+
 def apply(hosts_dir: Path, files: Mapping[str, str]) -> ApplyResult:
     """Make ``hosts_dir`` hold exactly ``files`` among the directories reloadd owns.
 
@@ -133,6 +146,7 @@ def apply(hosts_dir: Path, files: Mapping[str, str]) -> ApplyResult:
             if current is None and (directory / HOSTS_FILE).is_symlink():
                 result.skipped[name] = f"{directory / HOSTS_FILE} is a symlink; left alone"
                 continue
+            _sweep(directory)
             if current == text.encode():
                 result.unchanged.append(name)
                 continue
@@ -141,6 +155,7 @@ def apply(hosts_dir: Path, files: Mapping[str, str]) -> ApplyResult:
     for entry in sorted(os.listdir(root)):
         if entry in files or not is_owned(root / entry):
             continue
+        _sweep(root / entry)
         (root / entry / HOSTS_FILE).unlink()
         try:
             (root / entry).rmdir()
