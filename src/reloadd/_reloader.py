@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import time
@@ -27,12 +26,12 @@ from ._aggregator import Aggregator, Timing
 from ._config import Config, ConsumerConfig
 from ._consumer import Consumer, ConsumerContext
 from ._engine import Engine, Force, Slot
-from ._errors import ConfigError, PluginError, StateError, WatchLimitError
+from ._errors import ConfigError, PluginError, WatchLimitError
 from ._filters import PathFilter
 from ._plugins import CONSUMER_GROUP, SOURCE_GROUP, load
 from ._queue import WorkQueue
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
-from ._state import RecordStore
+from ._state import RecordStore, lock_state_dir
 
 __all__ = ["Reloader"]
 
@@ -160,7 +159,7 @@ class Reloader:
 
     async def _start(self) -> None:
         cfg = self.config
-        self._lock = await asyncio.to_thread(_lock_state_dir, cfg.state_dir)
+        self._lock = await asyncio.to_thread(lock_state_dir, cfg.state_dir)
         built: list[tuple[Consumer, RecordStore, ConsumerConfig | None]] = []
         for cc in cfg.consumers:
             consumer, records = await asyncio.to_thread(self._build_configured, cc)
@@ -412,21 +411,3 @@ class _Pump:
     async def run(self) -> None:
         self.engine.busy = False
         await self.engine.pump()
-
-
-def _lock_state_dir(state_dir: Path) -> int:
-    """Take an exclusive lock on ``state_dir`` so two daemons never share (and corrupt) its state."""
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(state_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise StateError(f"Failed to open state directory {state_dir}: {exc.strerror or exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        raise StateError(
-            f"state_dir {state_dir} is in use by another reloadd (its lock is held); "
-            "give each daemon its own state_dir"
-        ) from exc
-    return fd

@@ -12,6 +12,7 @@ is followed by, so an old journal is never replayed over a newer snapshot.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from typing import Any
 from ._errors import StateError
 from ._types import Fingerprint, PathRecord
 
-__all__ = ["FlushJob", "RecordStore", "atomic_write"]
+__all__ = ["FlushJob", "RecordStore", "atomic_write", "lock_state_dir"]
 
 log = logging.getLogger("reloadd.state")
 
@@ -273,3 +274,21 @@ class FlushJob:
 
     lines: list[str]
     snapshot: dict[str, Any] | None = None
+
+
+def lock_state_dir(state_dir: Path) -> int:
+    """Take an exclusive lock on ``state_dir`` so two daemons never share (and corrupt) its state."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(state_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StateError(f"Failed to open state directory {state_dir}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise StateError(
+            f"state_dir {state_dir} is in use by another reloadd (its lock is held); "
+            "give each daemon its own state_dir"
+        ) from exc
+    return fd
