@@ -223,9 +223,9 @@ class Reloader:
         )
 
     def _degraded(self, reason: str | None) -> None:
+        self._armed.set()  # armed as far as the kernel allows: the start-up walk may go
         if reason is None:
             self.watch_state = "armed"
-            self._armed.set()
         else:
             self.watch_state = f"degraded (rescan-only): {reason}"
         self._notify()

@@ -24,6 +24,7 @@ import contextlib
 import errno
 import os
 import stat
+import time
 from pathlib import Path
 
 from asyncinotify import Event, Inotify, Mask, Watch
@@ -112,6 +113,8 @@ class InotifySource:
         self._limited: str | None = None
         self._limit_logged = False
         self._roots = {r.path: r for r in ctx.roots}
+        self._overflows = 0
+        self._overflow_logged = -float("inf")
 
     @property
     def watch_count(self) -> int:
@@ -262,7 +265,15 @@ class InotifySource:
     async def _handle(self, ev: Event) -> None:
         mask = int(ev.mask)
         if mask & _OVERFLOW:
-            self.log.warning("inotify queue overflowed (fs.inotify.max_queued_events); re-arming and rescanning")
+            self._overflows += 1
+            now = time.monotonic()
+            if now - self._overflow_logged >= 60.0:  # say so once a minute, not once per overflow
+                self._overflow_logged = now
+                self.log.warning(
+                    "inotify queue overflowed %d time(s) (raise fs.inotify.max_queued_events); "
+                    "re-arming and rescanning every root, nothing is lost", self._overflows,
+                )
+                self._overflows = 0
             await self._arm_all()  # directories created during the overflow are unwatched
             self._emit(EventKind.RESCAN, None)
             return

@@ -30,7 +30,7 @@ from ._importer import LEASE_LABEL, Importer, ImportSettings, lease_expiry
 from ._lists import pull_list, read_list
 from ._oci import host_platform
 from ._settings import Settings
-from ._state import FileImages, refs_held_elsewhere, state_of
+from ._state import FileImages, state_of
 from ._unpack import ChainLocks
 
 __all__ = ["ContainerdImagesConsumer"]
@@ -75,6 +75,11 @@ class ContainerdImagesConsumer(BaseConsumer):
         self._stale_leases: set[str] = set()
         self._instance = uuid.uuid4().hex[:12]
         self._sem = asyncio.Semaphore(settings.concurrency)
+        # The freshest known image names per file, ahead of the engine's records (which are
+        # only updated once a whole batch is acknowledged); release decisions read this under
+        # one lock, so a rename and a rewrite handled side by side cannot both keep an image.
+        self._held: dict[Path, set[str]] = {}
+        self._release_lock = asyncio.Lock()
         self._verify: asyncio.Task[None] | None = None
         self.verified = asyncio.Event()
         """Set once the start-up check of recorded images has run."""
@@ -146,8 +151,7 @@ class ContainerdImagesConsumer(BaseConsumer):
             return await self._list(path)
         old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
         st = await self._import(path)
-        if old is not None:
-            await self._release(path, old.refs - st.refs, extra=[st])
+        await self._settle(path, st.refs, old.refs - st.refs if old is not None else set())
         return Ack(st.to_json())
 
     def _previous(self, path: Path) -> object:
@@ -251,24 +255,39 @@ class ContainerdImagesConsumer(BaseConsumer):
         if res.failed:
             return Retry(f"{path}: " + "; ".join(res.failed))
         old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
-        if old is not None:
-            await self._release(path, old.refs - st.refs, extra=[st], namespace=CRI_NAMESPACE)
+        await self._settle(path, st.refs, old.refs - st.refs if old is not None else set(), namespace=CRI_NAMESPACE)
         return Ack(st.to_json())
 
     # -- deleted -------------------------------------------------------------------------------
     async def _deleted(self, path: Path) -> Result:
         rec = self.ctx.records.get(path)
         st = state_of(rec.data) if rec is not None else None
-        if st is not None:
-            ns = CRI_NAMESPACE if st.kind == "list" else None
-            await self._release(path, st.refs, namespace=ns)
+        ns = CRI_NAMESPACE if st is not None and st.kind == "list" else None
+        await self._settle(path, set(), st.refs if st is not None else set(), namespace=ns)
         return Ack(None)
 
-    async def _release(
-        self, path: Path, refs: set[str], extra: list[FileImages] | None = None, namespace: str | None = None
-    ) -> None:
-        """Apply ``on_delete`` to ``refs`` that no other file produced."""
-        gone = sorted(refs - refs_held_elsewhere(self.ctx.records, path, extra or []))
+    def _held_elsewhere(self, but: Path) -> set[str]:
+        """Image names some file other than ``but`` holds now (in-flight results included)."""
+        held: set[str] = set()
+        for p, rec in self.ctx.records.items():
+            if p != but and p not in self._held:
+                st = state_of(rec.data)
+                if st is not None:
+                    held |= st.refs
+        for p, refs in self._held.items():
+            if p != but:
+                held |= refs
+        return held
+
+    async def _settle(self, path: Path, now: set[str], dropped: set[str], namespace: str | None = None) -> None:
+        """Record what ``path`` holds now, then release what it dropped and nobody else holds."""
+        async with self._release_lock:
+            self._held[path] = now
+            await self._release(path, dropped, namespace=namespace)
+
+    async def _release(self, path: Path, refs: set[str], namespace: str | None = None) -> None:
+        """Apply ``on_delete`` to ``refs`` that no other file holds (call under the release lock)."""
+        gone = sorted(refs - self._held_elsewhere(path))
         if not gone or self.settings.on_delete == "keep":
             return
         for ref in gone:

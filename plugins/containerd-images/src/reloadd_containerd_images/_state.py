@@ -6,14 +6,13 @@ every image record the file produced, with its target digest (for a list: the CR
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from reloadd import JSONValue, PathRecord
+from reloadd import JSONValue
 
-__all__ = ["FileImages", "refs_held_elsewhere", "state_of"]
+__all__ = ["FileImages", "state_of"]
 
 
 @dataclass(frozen=True)
@@ -45,17 +44,3 @@ def state_of(data: Any) -> FileImages | None:
         refs = tuple(str(r) for r in img.get("refs") or [img["name"]])
         out.append((str(img["name"]), str(img.get("digest", "")), refs))
     return FileImages(str(data.get("kind", "tar")), tuple(out))
-
-
-def refs_held_elsewhere(records: Mapping[Path, PathRecord], but: Path, extra: Iterable[FileImages] = ()) -> set[str]:
-    """Image record names produced by any file other than ``but``."""
-    held: set[str] = set()
-    for p, rec in records.items():
-        if p == but:
-            continue
-        st = state_of(rec.data)
-        if st is not None:
-            held |= st.refs
-    for st in extra:
-        held |= st.refs
-    return held

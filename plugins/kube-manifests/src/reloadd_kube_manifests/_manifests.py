@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from reloadd import PermanentError
+from reloadd import PermanentError, TransientError
 
 __all__ = ["DocError", "Manifest", "ManifestError", "ManifestObject", "load_manifest", "parse_manifest"]
 
@@ -270,10 +270,13 @@ def load_manifest(path: Path, *, max_bytes: int, max_nodes: int = 1_000_000) -> 
 
     Raises:
         ManifestError: when the file cannot be read or exceeds ``max_bytes``.
+        TransientError: the file vanished since it was handed over (its delete follows).
     """
     try:
         with path.open("rb") as f:
             data = f.read(max_bytes + 1)
+    except FileNotFoundError as exc:
+        raise TransientError(f"{path} vanished before it could be read; its delete follows") from exc
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc}") from exc
     if len(data) > max_bytes:

@@ -1,0 +1,108 @@
+"""Kernel limits: ``fs.inotify.max_user_watches`` and ``fs.inotify.max_queued_events`` lowered.
+
+The daemon must degrade to rescans, say so once, and lose nothing. Both sysctls are global to
+the machine, so each is lowered only for the few seconds the case needs and restored in a
+``finally``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Reliability
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@contextlib.contextmanager
+def sysctl(name: str, value: int) -> Iterator[None]:
+    path = Path("/proc/sys") / name.replace(".", "/")
+    old = path.read_text().strip()
+    path.write_text(str(value))
+    try:
+        yield
+    finally:
+        path.write_text(old)
+
+
+async def test_max_user_watches(tmp_path: Path, recorder_cls: Any, start_reloader: Any,
+                                caplog: pytest.LogCaptureFixture, reliability: Reliability) -> None:
+    root = tmp_path / "root"
+    dirs = 40
+    for i in range(dirs):
+        (root / f"d{i:02d}").mkdir(parents=True)
+    rec = recorder_cls([root])
+    caplog.set_level(logging.INFO)
+    t0 = time.monotonic()
+    with sysctl("fs.inotify.max_user_watches", 12):
+        r = await start_reloader(rec, rescan_interval="300ms")
+        assert r.watch_state.startswith("degraded"), r.watch_state
+        expected = set()
+        for round_ in range(3):  # several rescans' worth of changes, each said nothing new
+            for i in range(dirs):
+                p = root / f"d{i:02d}" / f"r{round_}.conf"
+                p.write_text(str(round_))
+                expected.add(p)
+            await rec.wait_for(lambda r: expected <= {c.path for c in r.changes}, timeout=30)
+        status = r.status()
+    delivered = {c.path for c in rec.changes} & expected
+    said = caplog.text.count("fs.inotify.max_user_watches")
+    reliability.record(
+        "fs.inotify.max_user_watches=12, 41 directories", trials=1, expected=len(expected),
+        delivered=len(delivered), duplicates=len(rec.changes) - len(set(rec.changes)), lost=len(expected - delivered),
+        notes=f"watch state `{status['watch'][:40]}…`; limit logged {said}×; found by 300 ms rescans; "
+              f"{time.monotonic() - t0:.1f}s",
+    )
+    assert delivered == expected
+    assert said == 1
+
+
+async def test_max_queued_events(tmp_path: Path, recorder_cls: Any, start_reloader: Any,
+                                 caplog: pytest.LogCaptureFixture, reliability: Reliability) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    rec = recorder_cls([root])
+    rec.gate = asyncio.Event()
+    caplog.set_level(logging.INFO)
+    files = 4000
+    t0 = time.monotonic()
+    with sysctl("fs.inotify.max_queued_events", 64):
+        r = await start_reloader(rec, rescan_interval="0s")  # only the overflow rescan can find them
+        (root / "first").write_text("x")
+        await asyncio.wait_for(rec.entered.wait(), 10)  # the consumer is stalled: the queue fills
+
+        def burst() -> None:
+            for i in range(files):
+                (root / f"f{i:05d}").write_text(str(i))
+
+        await asyncio.to_thread(burst)
+        rec.gate.set()
+        expected = {root / f"f{i:05d}" for i in range(files)}
+        await rec.wait_for(lambda r: expected <= {c.path for c in r.changes}, timeout=60)
+        await r.wait_idle(30)
+        overflows = r.engine.stats.overflows
+    said = caplog.text.count("inotify queue overflowed")
+    delivered = {c.path for c in rec.changes} & expected
+    seen: dict[Path, int] = {}
+    for c in rec.changes:
+        if c.path in expected:
+            seen[c.path] = seen.get(c.path, 0) + 1
+    reliability.record(
+        f"fs.inotify.max_queued_events=64, {files} files in a burst", trials=1, expected=files,
+        delivered=len(delivered), duplicates=sum(n - 1 for n in seen.values()), lost=files - len(delivered),
+        notes=f"{overflows} overflow(s), warned {said}× (at most once a minute); recovered by rescan; "
+              f"{time.monotonic() - t0:.1f}s",
+    )
+    assert delivered == expected
+    assert overflows >= 1
+    assert said == 1  # said once, however many overflows
+    for p in expected:
+        assert rec.changes_for(p)[-1].fingerprint is not None
