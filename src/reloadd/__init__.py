@@ -17,6 +17,7 @@ from ._filters import DEFAULT_IGNORES, PathFilter
 from ._options import Options, parse_duration
 from ._reloader import Reloader
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
+from ._state import atomic_write
 from ._types import (
     Ack,
     Batch,
@@ -69,6 +70,7 @@ __all__ = [
     "WatchError",
     "WatchLimitError",
     "WatchRoot",
+    "atomic_write",
     "load_config",
     "parse_config",
     "parse_duration",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,10 @@ from reloadd import (
     ConsumerContext,
     Options,
     Reject,
+    ReloaddError,
     Result,
     TransientError,
+    atomic_write,
 )
 
 from ._containerd import check_config, shadowing
@@ -233,9 +234,7 @@ def _read_text(path: Path) -> str | None:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError as exc:  # only costs a repeated notify after a restart
-        logging.getLogger(__name__).warning("Failed to record the notified state in %s: %s", path, exc)
+        atomic_write(path, text.encode())
+    except ReloaddError as exc:  # only costs a repeated notify after a restart
+        logging.getLogger(__name__).warning("Failed to record the notified state: %s", exc)
