@@ -4,9 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
 KUBE_CACHE ?= /var/cache/reloadd/kube-v1.20.2
+CONTAINERD_CACHE ?= /var/cache/reloadd/containerd
 export RELOADD_KUBE_BIN := $(KUBE_CACHE)
+export RELOADD_CONTAINERD_CACHE := $(CONTAINERD_CACHE)
 
-.PHONY: install deps kube test check demo bench faults protos clean
+.PHONY: install deps kube containerd-releases test check demo bench faults protos clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,7 +23,11 @@ deps:
 kube: deps
 	OUT=$(KUBE_CACHE) bash scripts/infra/build-kube-apiserver.sh
 
-test: deps kube install
+# containerd 1.7 (Debian trixie) and 2.x (sid), extracted beside the system's 1.6 for the test matrix.
+containerd-releases: deps
+	OUT=$(CONTAINERD_CACHE) bash scripts/infra/fetch-containerd.sh
+
+test: deps kube containerd-releases install
 	$(BIN)/pytest -q -p no:cacheprovider
 
 check: install
@@ -31,13 +37,13 @@ check: install
 demo: deps install
 	$(BIN)/python -m examples.demo.run_demo
 
-bench: deps kube install
+bench: deps kube containerd-releases install
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.registry_mirrors
 	$(BIN)/python -m bench.containerd_images
 	$(BIN)/python -m bench.kube_manifests
 
-faults: deps kube install
+faults: deps kube containerd-releases install
 	RELOADD_RELIABILITY_REPORT=docs/reliability.md $(BIN)/pytest -q -p no:cacheprovider tests/faults -m 'slow or not slow'
 
 protos: install

@@ -1,9 +1,11 @@
 """Benchmark: the containerd-images consumer vs ``ctr images import`` on the same containerd.
 
-    python -m bench.containerd_images [--runs 5] [--layers 6] [--mb 100] [--workdir DIR] [--out FILE]
+    python -m bench.containerd_images [--runs 5] [--layers 6] [--mb 100] [--releases 1.6,1.7,2.x]
+                                      [--workdir DIR] [--out FILE]
 
 1. Import of a >= 500 MB multi-layer OCI tarball (gzip layers, with unpack), fresh containerd root per
-   run, ctr and reloadd interleaved (alternating who goes first); median of the per-pair ratios.
+   run, ctr and reloadd interleaved (alternating who goes first); median of the per-pair ratios. Done
+   on each containerd release (1.6, 1.7, 2.x), against that release's own ``ctr``.
 2. Re-import of the same, unchanged file into the same containerd (ctr re-sends everything; the
    consumer sends expected digests, so present blobs cost nothing).
 3. 20 small tarballs in one batch at concurrency 1, 2 and 4.
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.infra import ImageSpec, private_containerd, write_oci_archive
+from tests.infra import RELEASES, ImageSpec, private_containerd, write_oci_archive
 
 from .gen import big_oci_tarball
 
@@ -40,10 +42,10 @@ async def _run(*cmd: str) -> tuple[float, str]:
     return dt, out.decode()
 
 
-async def ctr_import(address: str, *files: Path) -> float:
+async def ctr_import(ctr: str, address: str, *files: Path) -> float:
     total = 0.0
     for f in files:
-        dt, _ = await _run("ctr", "-a", address, "-n", "k8s.io", "images", "import", "--all-platforms", str(f))
+        dt, _ = await _run(ctr, "-a", address, "-n", "k8s.io", "images", "import", "--all-platforms", str(f))
         total += dt
     return total
 
@@ -55,15 +57,16 @@ async def ours_import(address: str, concurrency: int, *files: Path) -> tuple[flo
     return dt, json.loads(out.strip().splitlines()[-1])
 
 
-async def fresh(work: Path, tag: str, fn: Any) -> Any:
+async def fresh(work: Path, tag: str, fn: Any, release: str = "1.6") -> Any:
     d = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=work))
-    async with private_containerd(d) as ctd:
+    async with private_containerd(d, release=release) as ctd:
         result = await fn(ctd)
     shutil.rmtree(d, ignore_errors=True)  # kept (with containerd's log) when something failed
     return result
 
 
-async def bench_big(work: Path, big: Path, runs: int) -> dict[str, Any]:
+async def bench_big(work: Path, big: Path, runs: int, release: str) -> dict[str, Any]:
+    ctr = RELEASES[release].binary("ctr")
     ctr_t, ours_t, ratios, rss, re_ctr, re_ours = [], [], [], [], [], []
     for i in range(runs):
         pair: dict[str, float] = {}
@@ -72,20 +75,23 @@ async def bench_big(work: Path, big: Path, runs: int) -> dict[str, Any]:
 
             async def one(ctd: Any, who: str = who, pair: dict[str, float] = pair, i: int = i) -> None:
                 if who == "ctr":
-                    pair["ctr"] = await ctr_import(ctd.address, big)
+                    pair["ctr"] = await ctr_import(ctr, ctd.address, big)
                     if i == 0:
-                        re_ctr.append(await ctr_import(ctd.address, big))
+                        re_ctr.append(await ctr_import(ctr, ctd.address, big))
                 else:
                     pair["ours"], stats = await ours_import(ctd.address, 2, big)
                     rss.append(stats["max_rss_mb"])
                     if i == 0:
                         re_ours.append((await ours_import(ctd.address, 2, big))[0])
 
-            await fresh(work, who, one)
+            await fresh(work, who, one, release)
         ctr_t.append(pair["ctr"])
         ours_t.append(pair["ours"])
         ratios.append(pair["ours"] / pair["ctr"])
-        print(f"  run {i + 1}: ctr {pair['ctr']:.2f}s  reloadd {pair['ours']:.2f}s  ratio {ratios[-1]:.2f}", flush=True)
+        print(
+            f"  [{release}] run {i + 1}: ctr {pair['ctr']:.2f}s  reloadd {pair['ours']:.2f}s  ratio {ratios[-1]:.2f}",
+            flush=True,
+        )
     return {
         "ctr": ctr_t,
         "ours": ours_t,
@@ -125,6 +131,7 @@ async def main() -> None:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--mb", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--releases", default=",".join(RELEASES), help="containerd releases, comma-separated")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/reloadd-bench-containerd"))
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -135,23 +142,31 @@ async def main() -> None:
         big_oci_tarball(big, "example.com/bench/big:v1", a.layers, a.mb)
     size = big.stat().st_size
     print(f"big tarball: {size / 1e6:.0f} MB, {a.layers} gzip layers", flush=True)
-    res_big = await bench_big(a.workdir, big, a.runs)
+    releases = [r.strip() for r in a.releases.split(",") if r.strip()]
+    by_release = {r: await bench_big(a.workdir, big, a.runs, r) for r in releases}
     res_many = await bench_many(a.workdir, a.rounds)
     med = statistics.median
     lines = [
         f"## containerd-images benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
         "",
-        f"- big tarball: {size / 1e6:.0f} MB OCI archive, {a.layers} gzip layers, import + unpack, fresh root "
-        f"per run, {a.runs} interleaved pairs",
-        f"- ctr images import: median {med(res_big['ctr']):.2f}s ({min(res_big['ctr']):.2f}–{max(res_big['ctr']):.2f})",
-        f"- reloadd (whole process): median {med(res_big['ours']):.2f}s "
-        f"({min(res_big['ours']):.2f}–{max(res_big['ours']):.2f}), peak RSS {res_big['ours_max_rss_mb']:.0f} MB",
-        f"- **median ratio reloadd/ctr: {res_big['median_ratio']:.2f}** (per-pair ratios "
-        + ", ".join(f"{r:.2f}" for r in res_big["ratios"])
-        + ")",
-        f"- re-import of the unchanged file into the same containerd: ctr {res_big['reimport_ctr'][0]:.2f}s, "
-        f"reloadd {res_big['reimport_ours'][0]:.2f}s (a restart with an unchanged file does no import at all)",
-        "- 20 tarballs (3 layers x 4 MB each) in one batch: "
+        f"Big tarball: {size / 1e6:.0f} MB OCI archive, {a.layers} gzip layers, import + unpack, fresh root "
+        f"per run, {a.runs} interleaved pairs per containerd release, each against its own `ctr`.",
+        "",
+        "| containerd | ctr images import, median (range) | reloadd, median (range) | peak RSS | "
+        "median ratio reloadd/ctr | re-import ctr / reloadd |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r, res in by_release.items():
+        lines.append(
+            f"| {r} | {med(res['ctr']):.2f} s ({min(res['ctr']):.2f}–{max(res['ctr']):.2f}) "
+            f"| {med(res['ours']):.2f} s ({min(res['ours']):.2f}–{max(res['ours']):.2f}) "
+            f"| {res['ours_max_rss_mb']:.0f} MB | **{res['median_ratio']:.2f}** "
+            f"({', '.join(f'{x:.2f}' for x in res['ratios'])}) "
+            f"| {res['reimport_ctr'][0]:.2f} s / {res['reimport_ours'][0]:.2f} s |"
+        )
+    lines += [
+        "",
+        "- 20 tarballs (3 layers x 4 MB each) in one batch (1.6): "
         + ", ".join(f"concurrency {c}: median {med(v):.2f}s" for c, v in res_many.items()),
     ]
     text = "\n".join(lines) + "\n"

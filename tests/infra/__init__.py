@@ -5,7 +5,16 @@ Import from here::
     from tests.infra import private_containerd, local_registry, push_image, ImageSpec, write_oci_archive
 """
 
-from .containerd import Containerd, ContainerdError, private_containerd, unmount_under
+from .containerd import (
+    RELEASES,
+    Containerd,
+    ContainerdError,
+    Release,
+    get_release,
+    private_containerd,
+    releases_under_test,
+    unmount_under,
+)
 from .images import (
     COMPRESSIONS,
     BuiltImage,
@@ -23,6 +32,7 @@ from .registry import AccessLogEntry, Registry, RegistryError, local_registries,
 
 __all__ = [
     "COMPRESSIONS",
+    "RELEASES",
     "AccessLogEntry",
     "BuiltImage",
     "Containerd",
@@ -32,13 +42,16 @@ __all__ = [
     "PlatformImage",
     "Registry",
     "RegistryError",
+    "Release",
     "build_image",
     "compress",
     "deterministic_tar",
+    "get_release",
     "local_registries",
     "local_registry",
     "private_containerd",
     "push_image",
+    "releases_under_test",
     "unmount_under",
     "write_docker_archive",
     "write_oci_archive",

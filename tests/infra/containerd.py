@@ -6,9 +6,14 @@ Example::
         await ctd.ctr("images", "ls")
         await ctd.cri_pull("127.0.0.1:5000/library/hello:v1")
 
-The daemon is the Debian ``containerd`` binary (1.6.x); nothing of the system
-service is used. On exit the process is stopped and every mount left under its
-directories (overlay snapshots, Diff.Apply temp mounts) is unmounted.
+Three releases are supported, the ones nodes run today (``RELEASES``): Debian 12's own
+``containerd`` package (1.6.x, on PATH), and trixie's (1.7.x) and sid's (2.x) binaries that
+``scripts/infra/fetch-containerd.sh`` extracts into ``$RELOADD_CONTAINERD_CACHE``
+(``/var/cache/reloadd/containerd``). ``RELOADD_CONTAINERD_RELEASES`` (comma-separated, default
+all three) selects the matrix the tests run. Each release gets its own config format (version 2
+for 1.x, version 3 for 2.x). Nothing of the system service is used. On exit the process is
+stopped and every mount left under its directories (overlay snapshots, Diff.Apply temp mounts)
+is unmounted.
 """
 
 from __future__ import annotations
@@ -28,7 +33,16 @@ from typing import Any, BinaryIO
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-__all__ = ["Containerd", "ContainerdError", "private_containerd", "unmount_under"]
+__all__ = [
+    "RELEASES",
+    "Containerd",
+    "ContainerdError",
+    "Release",
+    "get_release",
+    "private_containerd",
+    "releases_under_test",
+    "unmount_under",
+]
 
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
@@ -39,13 +53,70 @@ class ContainerdError(RuntimeError):
     """The private containerd could not be started or a helper command failed."""
 
 
+@dataclass(frozen=True)
+class Release:
+    """One containerd release line and where its binaries are.
+
+    Attributes:
+        name: ``"1.6"``, ``"1.7"`` or ``"2.x"`` (the test ids).
+        suite: The Debian suite it comes from.
+        bin_dir: Directory holding containerd, ctr and the shim; None means PATH (Debian 12's package).
+        config_version: The config.toml ``version`` this release reads natively.
+    """
+
+    name: str
+    suite: str
+    bin_dir: Path | None
+    config_version: int
+
+    def binary(self, name: str) -> str:
+        """The path (or PATH name) of one of the release's binaries."""
+        return name if self.bin_dir is None else str(self.bin_dir / name)
+
+    def check(self) -> None:
+        """Raise ContainerdError naming the fix when the binaries are not there."""
+        if self.bin_dir is None:
+            if shutil.which("containerd") is None:
+                raise ContainerdError("containerd is not installed: run `make deps`")
+        elif not (self.bin_dir / "containerd").exists():
+            raise ContainerdError(
+                f"containerd {self.name} ({self.suite}) is not in {self.bin_dir}: run `make containerd-releases`"
+            )
+
+
+CACHE = Path(os.environ.get("RELOADD_CONTAINERD_CACHE", "/var/cache/reloadd/containerd"))
+RELEASES: dict[str, Release] = {
+    "1.6": Release("1.6", "bookworm", None, 2),
+    "1.7": Release("1.7", "trixie", CACHE / "trixie" / "bin", 2),
+    "2.x": Release("2.x", "sid", CACHE / "sid" / "bin", 3),
+}
+
+
+def get_release(name: str) -> Release:
+    """The Release called ``name`` (``1.6``, ``1.7``, ``2.x``)."""
+    try:
+        return RELEASES[name]
+    except KeyError:
+        raise ContainerdError(f"unknown containerd release {name!r}; known: {', '.join(RELEASES)}") from None
+
+
+def releases_under_test() -> list[str]:
+    """The releases the matrix tests run (``RELOADD_CONTAINERD_RELEASES``, default all)."""
+    raw = os.environ.get("RELOADD_CONTAINERD_RELEASES", "")
+    names = [n.strip() for n in raw.split(",") if n.strip()] or list(RELEASES)
+    for n in names:
+        get_release(n)
+    return names
+
+
 class _CriMissing(Exception):
     """containerd serves gRPC but its CRI plugin did not load."""
 
 
-def _config(d: Path, root: Path, state: Path, address: str, hosts_dir: Path | None, snapshotter: str) -> str:
-    hosts = f'config_path = "{hosts_dir}"' if hosts_dir is not None else ""
-    return f"""version = 2
+def _config(
+    d: Path, root: Path, state: Path, address: str, hosts_dir: Path | None, snapshotter: str, version: int
+) -> str:
+    head = f"""version = {version}
 root = "{root}"
 state = "{state}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
@@ -65,7 +136,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     disable_tcp_service = true
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"
+"""
+    hosts = f'config_path = "{hosts_dir}"' if hosts_dir is not None else ""
+    if version >= 3:  # containerd 2.x: CRI split into images / runtime plugins
+        return head + f"""  [plugins."io.containerd.cri.v1.runtime"]
     disable_apparmor = true
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["{d}/cni/bin"]
+      conf_dir = "{d}/cni/conf"
+  [plugins."io.containerd.cri.v1.images"]
+    snapshotter = "{snapshotter}"
+    [plugins."io.containerd.cri.v1.images".registry]
+      {hosts}
+"""
+    # version 2 (1.6, 1.7): everything CRI under io.containerd.grpc.v1.cri, continued here
+    return head + f"""    disable_apparmor = true
     [plugins."io.containerd.grpc.v1.cri".cni]
       bin_dir = "{d}/cni/bin"
       conf_dir = "{d}/cni/conf"
@@ -119,6 +204,7 @@ class Containerd:
     hosts_dir: Path | None
     log_path: Path
     config_path: Path
+    release: Release = field(default_factory=lambda: RELEASES["1.6"])
     proc: asyncio.subprocess.Process | None = field(default=None, repr=False)
 
     async def start(self) -> None:
@@ -144,10 +230,12 @@ class Containerd:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.address)
         env = dict(os.environ, TMPDIR=str(self.tmp))
+        if self.release.bin_dir is not None:  # its own shim first on PATH
+            env["PATH"] = f"{self.release.bin_dir}{os.pathsep}{env.get('PATH', '')}"
         log = _open_append(self.log_path)
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                "containerd",
+                self.release.binary("containerd"),
                 "--config",
                 str(self.config_path),
                 stdout=log,
@@ -221,6 +309,14 @@ class Containerd:
         except OSError:
             return ""
 
+    def panics(self) -> list[str]:
+        """Lines of the log that show the daemon panicked (Go ``panic:`` or a fatal runtime error)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        return [ln for ln in lines if ln.startswith(("panic:", "fatal error:", "SIGSEGV", "runtime error:"))]
+
     def log_problems(self, n: int = 20) -> str:
         """The last ``n`` warning/error lines of containerd's log (CNI noise left out)."""
         try:
@@ -238,7 +334,7 @@ class Containerd:
     async def ctr(self, *args: str, namespace: str = "k8s.io", stdin: bytes | None = None, check: bool = True) -> str:
         """Run ``ctr -a <socket> -n <namespace> args...`` and return its stdout."""
         proc = await asyncio.create_subprocess_exec(
-            "ctr",
+            self.release.binary("ctr"),
             "-a",
             self.address,
             "-n",
@@ -308,6 +404,7 @@ async def private_containerd(
     hosts_dir: Path | None = None,
     snapshotter: str = "overlayfs",
     name: str = "containerd",
+    release: str = "1.6",
 ) -> AsyncIterator[Containerd]:
     """Start a private containerd under ``tmp_path/<name>``; stop and clean it on exit.
 
@@ -317,7 +414,10 @@ async def private_containerd(
             read by containerd per pull, so it may be filled later.
         snapshotter: The CRI default snapshotter.
         name: Sub-directory name, to run several instances in one test.
+        release: Which containerd (a key of ``RELEASES``).
     """
+    rel = get_release(release)
+    rel.check()
     d = (tmp_path / name).resolve()
     root, state = d / "root", d / "state"
     for sub in (root, state, d / "cni" / "bin", d / "cni" / "conf", d / "opt", d / "tmp"):
@@ -326,7 +426,7 @@ async def private_containerd(
     sockdir = Path(tempfile.mkdtemp(prefix="ctd-", dir="/tmp"))
     address = str(sockdir / "containerd.sock")
     config = d / "config.toml"
-    config.write_text(_config(d, root, state, address, hosts_dir, snapshotter))
+    config.write_text(_config(d, root, state, address, hosts_dir, snapshotter, rel.config_version))
     ctd = Containerd(
         dir=d,
         address=address,
@@ -336,6 +436,7 @@ async def private_containerd(
         hosts_dir=hosts_dir,
         log_path=d / "containerd.log",
         config_path=config,
+        release=rel,
     )
     try:
         await ctd.start()
@@ -346,8 +447,8 @@ async def private_containerd(
         shutil.rmtree(sockdir, ignore_errors=True)
 
 
-def ctr_sync(address: str, args: Sequence[str], namespace: str = "k8s.io") -> str:
+def ctr_sync(address: str, args: Sequence[str], namespace: str = "k8s.io", ctr: str = "ctr") -> str:
     """Blocking ``ctr`` call, for benchmarks and scripts."""
     return subprocess.run(
-        ["ctr", "-a", address, "-n", namespace, *args], check=True, capture_output=True, text=True
+        [ctr, "-a", address, "-n", namespace, *args], check=True, capture_output=True, text=True
     ).stdout

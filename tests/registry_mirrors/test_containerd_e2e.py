@@ -3,7 +3,9 @@
 A drop-in mirrors a made-up registry host (``.invalid`` never resolves) to registry A;
 a CRI PullImage goes to A (its access log shows it). The drop-in then points at B and the
 next pull goes to B; broken TOML keeps B and the error is recorded; deleting the drop-in
-removes the mirror. containerd is never restarted.
+removes the mirror. containerd is never restarted. Runs on each containerd release (1.6, 1.7,
+2.x), each with its own config format (2.x: ``io.containerd.cri.v1.images``), which the
+start-up config_path check must read without a complaint.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tests.infra import (
     local_registries,
     private_containerd,
     push_image,
+    releases_under_test,
     write_oci_archive,
 )
 
@@ -36,14 +39,17 @@ def manifest_gets(reg: Registry) -> int:
     return sum(1 for r in reg.requests() if r.path.startswith("/v2/library/hello/manifests/") and r.status == 200)
 
 
-async def test_live_mirror_switch_without_containerd_restart(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("release", releases_under_test())
+async def test_live_mirror_switch_without_containerd_restart(
+    release: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
     archive = tmp_path / "hello.tar"
     write_oci_archive(archive, [ImageSpec(IMAGE, platforms=(f"linux/{arch}",), seed="mirrors")])
     hosts_dir = tmp_path / "certs.d"
     async with (
         local_registries(tmp_path, 2) as (reg_a, reg_b),
-        private_containerd(tmp_path, hosts_dir=hosts_dir) as ctd,
+        private_containerd(tmp_path, hosts_dir=hosts_dir, release=release) as ctd,
     ):
         for reg in (reg_a, reg_b):
             await push_image(archive, f"{reg.host}/library/hello:v1")
@@ -98,3 +104,4 @@ async def test_live_mirror_switch_without_containerd_restart(tmp_path: Path, cap
                 assert (len(reg_a.requests()), len(reg_b.requests())) == seen
 
                 assert ctd.proc is not None and ctd.proc.pid == pid  # never restarted
+        assert ctd.panics() == []

@@ -134,6 +134,12 @@ class ContainerdClient:
         r = await self._call(self.version_stub.Version(empty_pb2.Empty(), timeout=self.timeout), "Version")
         return str(r.version)
 
+    async def major_version(self) -> int:
+        """containerd's major version (``2`` for ``2.1.9+unknown``; 1 when unparseable)."""
+        v = (await self.version()).lstrip("v")
+        head = v.split(".", 1)[0]
+        return int(head) if head.isdigit() else 1
+
     # -- leases --------------------------------------------------------------------------------
     async def create_lease(self, expire: timedelta, labels: Mapping[str, str]) -> str:
         """Create a lease expiring after ``expire`` (``containerd.io/gc.expire``, RFC 3339)."""
@@ -260,10 +266,23 @@ class ContainerdClient:
         raise map_grpc_error(RuntimeError("create/update race did not settle"), f"Images {name}")
 
     async def set_image_labels(self, name: str, labels: Mapping[str, str | None], namespace: str | None = None) -> bool:
-        """Set labels (value None removes the key) on an existing image; False if it is gone."""
+        """Set labels (value None removes the key) on an existing image; False if it is gone.
+
+        The request always carries the whole image (name, current target, labels): containerd 2.x
+        converts the request's target before it reads the field mask, and a request without one
+        makes it dereference nil and panic (2.1.9 crashes). The mask still names only the labels,
+        so a target changed by someone else between the read and the update is left alone.
+        """
         if not labels:
             return True
-        img = ipb.Image(name=name, labels={k: v for k, v in labels.items() if v is not None})
+        current = await self.get_image(name, namespace)
+        if current is None:
+            return False
+        merged = {**current.labels, **{k: v for k, v in labels.items() if v is not None}}
+        for k, v in labels.items():
+            if v is None:
+                merged.pop(k, None)
+        img = ipb.Image(name=name, target=current.target.to_pb(), labels=merged)
         mask = field_mask_pb2.FieldMask(paths=[f"labels.{k}" for k in labels])
         try:
             await self.images.Update(
@@ -301,11 +320,13 @@ class ContainerdClient:
             raise map_grpc_error(exc, f"Snapshots.Stat {key}") from exc
         return True
 
-    async def prepare(self, snapshotter: str, key: str, parent: str, lease: str) -> Sequence[mount_pb2.Mount]:
+    async def prepare(
+        self, snapshotter: str, key: str, parent: str, lease: str, labels: Mapping[str, str] | None = None
+    ) -> Sequence[mount_pb2.Mount]:
         """Snapshots.Prepare; raises GRPCError ALREADY_EXISTS unmapped (callers handle it)."""
         try:
             r = await self.snapshots.Prepare(
-                spb.PrepareSnapshotRequest(snapshotter=snapshotter, key=key, parent=parent),
+                spb.PrepareSnapshotRequest(snapshotter=snapshotter, key=key, parent=parent, labels=dict(labels or {})),
                 metadata=self.md(lease),
                 timeout=self.timeout,
             )
@@ -317,11 +338,13 @@ class ContainerdClient:
             raise map_grpc_error(exc, f"Snapshots.Prepare {key}") from exc
         return list(r.mounts)
 
-    async def commit(self, snapshotter: str, name: str, key: str, lease: str) -> None:
+    async def commit(
+        self, snapshotter: str, name: str, key: str, lease: str, labels: Mapping[str, str] | None = None
+    ) -> None:
         """Snapshots.Commit; raises GRPCError ALREADY_EXISTS unmapped."""
         try:
             await self.snapshots.Commit(
-                spb.CommitSnapshotRequest(snapshotter=snapshotter, name=name, key=key),
+                spb.CommitSnapshotRequest(snapshotter=snapshotter, name=name, key=key, labels=dict(labels or {})),
                 metadata=self.md(lease),
                 timeout=self.timeout,
             )

@@ -1,8 +1,11 @@
 """Unpacking an image into snapshots with Snapshots.Prepare / Diff.Apply / Snapshots.Commit.
 
-Same steps and labels as containerd's ``image.Unpack`` (what ``ctr images import`` runs),
-so the snapshot tree equals ctr's. Work is serialised per chain ID inside this process,
-so two files sharing layers never extract the same layer twice.
+Same steps and labels as the unpacker of that containerd's own ``ctr images import``, so
+the snapshot tree equals ctr's: 1.x's ``image.Unpack`` labels nothing on the snapshots,
+2.x's transfer-service unpacker labels each ``containerd.io/snapshot.ref=<chain ID>``.
+Only the host platform is unpacked (2.x's ctr unpacks every platform of an index; the
+node runs only its own). Work is serialised per chain ID inside this process, so two
+files sharing layers never extract the same layer twice.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ._oci import chain_ids
 
 __all__ = ["ChainLocks", "UnpackPlan", "UnpackStats", "unpack"]
 
+SNAPSHOT_REF_LABEL = "containerd.io/snapshot.ref"
 APPLY_TIMEOUT_PER_MB = 2.0
 """Seconds of Diff.Apply deadline per MB of layer (plus a minute)."""
 
@@ -101,6 +105,7 @@ async def unpack(
             f"config {plan.config.digest} lists {len(plan.diff_ids)} diff_ids for {len(plan.layers)} layers"
         )
     stats = UnpackStats(chain=chain_ids(plan.diff_ids))
+    ref_label = await client.major_version() >= 2
     unpacked_any = False
     for i, (layer, diff_id, chain_id) in enumerate(zip(plan.layers, plan.diff_ids, stats.chain, strict=True)):
         parent = stats.chain[i - 1] if i else ""
@@ -111,7 +116,8 @@ async def unpack(
                     continue
                 if ready is not None:
                     await ready(layer.digest)
-                applied = await _apply_one(client, layer, diff_id, chain_id, parent, snapshotter, lease)
+                labels = {SNAPSHOT_REF_LABEL: chain_id} if ref_label else {}
+                applied = await _apply_one(client, layer, diff_id, chain_id, parent, snapshotter, lease, labels)
         if applied:
             unpacked_any = True
             stats.layers_applied += 1
@@ -128,12 +134,19 @@ async def unpack(
 
 
 async def _apply_one(
-    client: ContainerdClient, layer: Descriptor, diff_id: str, chain_id: str, parent: str, snapshotter: str, lease: str
+    client: ContainerdClient,
+    layer: Descriptor,
+    diff_id: str,
+    chain_id: str,
+    parent: str,
+    snapshotter: str,
+    lease: str,
+    labels: dict[str, str],
 ) -> bool:
     """Extract one layer into snapshot ``chain_id``; False if someone else made it meanwhile."""
     key = f"extract-{_unique()} {chain_id}"
     try:
-        mounts = await client.prepare(snapshotter, key, parent, lease)
+        mounts = await client.prepare(snapshotter, key, parent, lease, labels)
     except Exception as exc:
         if is_status(exc, Status.ALREADY_EXISTS) and await client.snapshot_exists(snapshotter, chain_id):
             return False
@@ -144,7 +157,7 @@ async def _apply_one(
         if got != diff_id:
             raise BadImageFile(f"layer {layer.digest} unpacks to {got}, but the config says {diff_id}")
         try:
-            await client.commit(snapshotter, chain_id, key, lease)
+            await client.commit(snapshotter, chain_id, key, lease, labels)
         except Exception as exc:
             if is_status(exc, Status.ALREADY_EXISTS):
                 await client.remove_snapshot(snapshotter, key)
