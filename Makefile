@@ -5,7 +5,9 @@ BIN := $(VENV)/bin
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
 KUBE_CACHE ?= /var/cache/reloadd/kube-v1.20.2
 CONTAINERD_CACHE ?= /var/cache/reloadd/containerd
+KUBECTL_CACHE ?= /var/cache/reloadd/kubectl-v1.20.2
 export RELOADD_KUBE_BIN := $(KUBE_CACHE)
+export RELOADD_KUBECTL := $(KUBECTL_CACHE)/kubectl
 export RELOADD_CONTAINERD_CACHE := $(CONTAINERD_CACHE)
 
 .PHONY: install deps kube containerd-releases test check demo bench faults protos clean
@@ -22,6 +24,7 @@ deps:
 
 kube: deps
 	OUT=$(KUBE_CACHE) bash scripts/infra/build-kube-apiserver.sh
+	OUT=$(KUBECTL_CACHE) bash scripts/infra/fetch-kubectl.sh
 
 # containerd 1.7 (Debian trixie) and 2.x (sid), extracted beside the system's 1.6 for the test matrix.
 containerd-releases: deps

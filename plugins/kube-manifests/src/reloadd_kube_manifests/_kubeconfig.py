@@ -1,10 +1,18 @@
 """Where the API server is and how to authenticate: kubeconfig files and in-cluster service accounts.
 
-Supported: bearer tokens (inline or ``tokenFile``), client certificates (files or inline data), exec
-credential plugins (``client.authentication.k8s.io`` v1 / v1beta1 returning a token), CA bundles (files or
-data) and ``insecure-skip-tls-verify``. In-cluster, the projected service-account token is re-read when it
-changes, because kubelet rotates it. Auth-provider plugins (gcp/azure/oidc) are not supported: they were
-removed from client-go and exec plugins replaced them.
+Semantics follow kubectl (client-go's loader):
+
+* ``$KUBECONFIG`` may list several files: they are merged, the first file to define a cluster, user or
+  context by name wins, ``current-context`` comes from the first file that sets one, missing files are
+  skipped, and relative paths resolve against the file that holds them.
+* Trust: when the cluster names a CA (file or data), that CA alone is trusted, not the system store; with
+  no CA, the system store is used.
+* Credentials: bearer tokens (inline or ``tokenFile``), client certificates (files or inline data; inline
+  key material is handed to OpenSSL through an anonymous memory file and never written to disk), exec
+  credential plugins (``client.authentication.k8s.io`` v1 / v1beta1) returning a token and/or a client
+  certificate and key, ``insecure-skip-tls-verify``. In-cluster, the projected service-account token is
+  re-read when it changes, because kubelet rotates it. Auth-provider plugins (gcp/azure/oidc) are not
+  supported: they were removed from client-go and exec plugins replaced them.
 """
 
 from __future__ import annotations
@@ -14,7 +22,6 @@ import base64
 import json
 import os
 import ssl
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -85,27 +92,33 @@ class TokenFileAuth(Auth):
 
 @dataclass
 class ExecAuth(Auth):
-    """An exec credential plugin; its token is cached until ``expirationTimestamp``."""
+    """An exec credential plugin; its credentials are cached until ``expirationTimestamp``.
+
+    The plugin may return a token, a client certificate and key (loaded into ``tls``, the
+    connection's TLS context, so new connections present them), or both.
+    """
 
     command: str
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     api_version: str = "client.authentication.k8s.io/v1"
     cwd: Path | None = None
+    tls: ssl.SSLContext | None = None
     _token: str | None = None
+    _fresh: bool = False
     _expires: float | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def header(self) -> str | None:
-        """``Bearer <token>``, running the plugin when there is no valid cached token."""
+        """``Bearer <token>`` (None for certificate-only credentials), running the plugin when needed."""
         async with self._lock:
-            if self._token is None or (self._expires is not None and time.time() > self._expires - 10):
+            if not self._fresh or (self._expires is not None and time.time() > self._expires - 10):
                 await self._run()
-        return f"Bearer {self._token}"
+        return f"Bearer {self._token}" if self._token else None
 
     def invalidate(self) -> None:
         """Run the plugin again on next use."""
-        self._token = None
+        self._fresh = False
 
     async def _run(self) -> None:
         info = {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
@@ -126,12 +139,30 @@ class ExecAuth(Auth):
             )
         try:
             status = json.loads(out)["status"]
-            token = status["token"]
+            if not isinstance(status, Mapping):
+                raise TypeError("status is not an object")
         except (ValueError, KeyError, TypeError) as exc:
+            raise TransientError(f"exec credential plugin {self.command!r} returned no status: {exc}") from exc
+        token = status.get("token")
+        cert, key = status.get("clientCertificateData"), status.get("clientKeyData")
+        if not token and not (cert and key):
             raise TransientError(
-                f"exec credential plugin {self.command!r} returned no status.token: {exc}"
-            ) from exc
-        self._token = str(token)
+                f"exec credential plugin {self.command!r} returned neither status.token nor "
+                "status.clientCertificateData with status.clientKeyData"
+            )
+        if cert and key:
+            if self.tls is None:
+                raise TransientError(
+                    f"exec credential plugin {self.command!r} returned a client certificate for a plain-HTTP server"
+                )
+            try:
+                _load_cert_chain(self.tls, str(cert).encode(), str(key).encode())
+            except (OSError, ssl.SSLError) as exc:
+                raise TransientError(
+                    f"exec credential plugin {self.command!r} returned an unusable client certificate: {exc}"
+                ) from exc
+        self._token = str(token) if token else None
+        self._fresh = True
         exp = status.get("expirationTimestamp")
         self._expires = datetime.fromisoformat(str(exp).replace("Z", "+00:00")).timestamp() if exp else None
 
@@ -155,99 +186,159 @@ class ClusterConfig:
     server_hostname: str | None = None
 
 
-def _data_file(data: str, suffix: str) -> str:
-    """Write base64 ``data`` to a private temp file (ssl only loads certs from files)."""
-    fd, name = tempfile.mkstemp(suffix=suffix)
-    with os.fdopen(fd, "wb") as f:
-        f.write(base64.b64decode(data))
-    return name
+def _memory_file(data: bytes) -> int:
+    """An anonymous in-memory file holding ``data`` (never on disk); the caller closes it."""
+    fd = os.memfd_create("reloadd-kube-credential", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _load_cert_chain(ctx: ssl.SSLContext, cert: bytes | str, key: bytes | str | None) -> None:
+    """Load a client certificate and key, each PEM bytes or a file path, into ``ctx``.
+
+    OpenSSL loads certificates only by path; in-memory material goes through ``/proc/self/fd`` of
+    an anonymous memory file, so no key is ever written to the filesystem.
+    """
+    fds: list[int] = []
+
+    def path(x: bytes | str | None) -> str | None:
+        if x is None or isinstance(x, str):
+            return x
+        fds.append(_memory_file(x))
+        return f"/proc/self/fd/{fds[-1]}"
+
+    try:
+        cert_path = path(cert)
+        assert cert_path is not None
+        ctx.load_cert_chain(cert_path, path(key))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _b64(data: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=True)
+    except ValueError as exc:
+        raise ValueError(f"{what} is not valid base64") from exc
 
 
 def _ssl_context(
     ca_file: str | None, ca_data: str | None, insecure: bool,
     cert_file: str | None, cert_data: str | None, key_file: str | None, key_data: str | None,
 ) -> ssl.SSLContext:
-    temps: list[str] = []
-    try:
-        ctx = ssl.create_default_context()
-        if ca_data:
-            ctx.load_verify_locations(cadata=base64.b64decode(ca_data).decode())
-        elif ca_file:
-            ctx.load_verify_locations(cafile=ca_file)
-        if insecure:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        if cert_data:
-            cert_file = _data_file(cert_data, ".crt")
-            temps.append(cert_file)
-        if key_data:
-            key_file = _data_file(key_data, ".key")
-            temps.append(key_file)
-        if cert_file:
-            ctx.load_cert_chain(cert_file, key_file)
-        return ctx
-    finally:
-        for t in temps:
-            os.unlink(t)
+    """A client TLS context as client-go builds it: the kubeconfig's CA alone, else the system store."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if ca_data:
+        ctx.load_verify_locations(cadata=_b64(ca_data, "certificate-authority-data").decode())
+    elif ca_file:
+        ctx.load_verify_locations(cafile=ca_file)
+    else:
+        ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    if insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    cert: bytes | str | None = _b64(cert_data, "client-certificate-data") if cert_data else cert_file
+    key: bytes | str | None = _b64(key_data, "client-key-data") if key_data else key_file
+    if cert:
+        _load_cert_chain(ctx, cert, key)
+    return ctx
 
 
-def _named(items: Any, name: str, what: str, where: Path) -> Mapping[str, Any]:
-    for item in items or ():
-        if isinstance(item, Mapping) and item.get("name") == name:
-            value = item.get(what.rstrip("s")) or {}
-            if isinstance(value, Mapping):
-                return value
-    raise ConfigError(f"kubeconfig {where}: no {what.rstrip('s')} named {name!r}")
-
-
-def _load_kubeconfig(path: Path, context: str | None) -> ClusterConfig:
+def _read_doc(path: Path) -> Mapping[str, Any]:
     try:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read kubeconfig {path}: {exc}") from exc
+    if doc is None:
+        return {}
     if not isinstance(doc, Mapping):
         raise ConfigError(f"kubeconfig {path}: not a mapping")
-    ctx_name = context or doc.get("current-context")
-    if not ctx_name:
-        raise ConfigError(f"kubeconfig {path}: no current-context")
-    ctx = _named(doc.get("contexts"), str(ctx_name), "contexts", path)
-    cluster = _named(doc.get("clusters"), str(ctx.get("cluster")), "clusters", path)
-    user: Mapping[str, Any] = (
-        _named(doc.get("users"), str(ctx["user"]), "users", path) if ctx.get("user") else {}
-    )
-    base = path.parent
+    return doc
 
-    def rel(p: Any) -> str | None:
-        return str(base / str(p)) if p else None
+
+@dataclass
+class _Merged:
+    """Several kubeconfig files merged the way client-go merges ``$KUBECONFIG``: first definition wins."""
+
+    files: list[Path] = field(default_factory=list)
+    current_context: str | None = None
+    entries: dict[str, dict[str, tuple[Mapping[str, Any], Path]]] = field(
+        default_factory=lambda: {"clusters": {}, "users": {}, "contexts": {}}
+    )
+
+    def add(self, path: Path) -> None:
+        doc = _read_doc(path)
+        self.files.append(path)
+        if not self.current_context and doc.get("current-context"):
+            self.current_context = str(doc["current-context"])
+        for kind, table in self.entries.items():
+            for item in doc.get(kind) or ():
+                if not isinstance(item, Mapping) or not item.get("name"):
+                    continue
+                value = item.get(kind.rstrip("s")) or {}
+                if isinstance(value, Mapping):
+                    table.setdefault(str(item["name"]), (value, path))
+
+    def where(self) -> str:
+        return ", ".join(map(str, self.files))
+
+    def named(self, kind: str, name: str) -> tuple[Mapping[str, Any], Path]:
+        try:
+            return self.entries[kind][name]
+        except KeyError:
+            raise ConfigError(f"kubeconfig {self.where()}: no {kind.rstrip('s')} named {name!r}") from None
+
+
+def _load_kubeconfig(paths: list[Path], context: str | None) -> ClusterConfig:
+    merged = _Merged()
+    for p in paths:
+        merged.add(p)
+    where = merged.where()
+    ctx_name = context or merged.current_context
+    if not ctx_name:
+        raise ConfigError(f"kubeconfig {where}: no current-context")
+    ctx, _ = merged.named("contexts", str(ctx_name))
+    cluster, cluster_file = merged.named("clusters", str(ctx.get("cluster")))
+    user, user_file = merged.named("users", str(ctx["user"])) if ctx.get("user") else ({}, cluster_file)
+
+    def rel(p: Any, base: Path) -> str | None:
+        return str(base.parent / str(p)) if p else None
 
     server = str(cluster.get("server") or "").rstrip("/")
     if not server:
-        raise ConfigError(f"kubeconfig {path}: cluster {ctx.get('cluster')!r} has no server")
-    try:
-        tls = None
-        if server.startswith("https://"):
+        raise ConfigError(f"kubeconfig {where}: cluster {ctx.get('cluster')!r} has no server")
+    tls = None
+    if server.startswith("https://"):
+        try:
             tls = _ssl_context(
-                rel(cluster.get("certificate-authority")), cluster.get("certificate-authority-data"),
+                rel(cluster.get("certificate-authority"), cluster_file), cluster.get("certificate-authority-data"),
                 bool(cluster.get("insecure-skip-tls-verify")),
-                rel(user.get("client-certificate")), user.get("client-certificate-data"),
-                rel(user.get("client-key")), user.get("client-key-data"),
+                rel(user.get("client-certificate"), user_file), user.get("client-certificate-data"),
+                rel(user.get("client-key"), user_file), user.get("client-key-data"),
             )
-    except (OSError, ssl.SSLError, ValueError) as exc:
-        raise ConfigError(f"kubeconfig {path}: bad TLS material: {exc}") from exc
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise ConfigError(f"kubeconfig {where}: bad TLS material: {exc}") from exc
     auth: Auth
     if user.get("token"):
         auth = TokenAuth(str(user["token"]))
     elif user.get("tokenFile"):
-        auth = TokenFileAuth(Path(str(rel(user["tokenFile"]))))
+        auth = TokenFileAuth(Path(str(rel(user["tokenFile"], user_file))))
     elif isinstance(user.get("exec"), Mapping):
         ex = user["exec"]
         env = {str(e["name"]): str(e["value"]) for e in ex.get("env") or () if isinstance(e, Mapping)}
         auth = ExecAuth(
             str(ex.get("command")), [str(a) for a in ex.get("args") or ()], env,
-            str(ex.get("apiVersion") or "client.authentication.k8s.io/v1"), base,
+            str(ex.get("apiVersion") or "client.authentication.k8s.io/v1"), user_file.parent, tls,
         )
     elif user.get("auth-provider"):
-        raise ConfigError(f"kubeconfig {path}: auth-provider is not supported; use an exec plugin")
+        raise ConfigError(f"kubeconfig {where}: auth-provider is not supported; use an exec plugin")
     else:
         auth = Auth()
     return ClusterConfig(
@@ -276,13 +367,15 @@ def load_cluster_config(
         ConfigError: when no configuration is found or it is invalid.
     """
     if kubeconfig is not None:
-        return _load_kubeconfig(kubeconfig, context)
+        return _load_kubeconfig([kubeconfig], context)
     if os.environ.get("KUBERNETES_SERVICE_HOST") and (sa_dir / "token").exists():
         return _in_cluster(sa_dir)
     env = os.environ.get("KUBECONFIG")
-    candidates = [Path(p) for p in env.split(os.pathsep) if p] if env else []
-    candidates.append(Path.home() / ".kube" / "config")
-    for cand in candidates:
-        if cand.exists():
-            return _load_kubeconfig(cand, context)
+    listed = [Path(p) for p in env.split(os.pathsep) if p] if env else []
+    present = [p for p in listed if p.exists()]  # client-go skips missing files in the list
+    if present:
+        return _load_kubeconfig(present, context)
+    home = Path.home() / ".kube" / "config"
+    if home.exists():
+        return _load_kubeconfig([home], context)
     raise ConfigError("no kubeconfig given, not in a cluster, and no ~/.kube/config")
