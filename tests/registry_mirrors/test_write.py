@@ -118,3 +118,24 @@ def test_temp_files_of_a_killed_writer_are_swept(tmp_path: Path) -> None:
     apply(tmp_path, {"a.com": TEXT_A, "new.com": TEXT_B})
     assert tree(tmp_path) == {"a.com/ca.crt": "not ours: kept", "a.com/hosts.toml": TEXT_A,
                               "new.com/hosts.toml": TEXT_B}
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (f"{HEADER}\n# Source: 50-\x1b.conf\nserver = \"https://a.com\"\n", "is not valid TOML"),
+        (f'{HEADER}\nserver = "https://a.com"\n[host."https://m.com"\n', "is not valid TOML"),
+        (f'{HEADER}\n# Source: 50-\udcff.conf\nserver = "https://a.com"\n', "is not encodable as UTF-8"),
+        ('server = "https://a.com"\n', "does not start with the ownership header"),
+    ],
+    ids=["control-char-in-comment", "syntax", "surrogate", "no-header"],
+)
+def test_text_that_does_not_parse_back_never_replaces_the_old_file(tmp_path: Path, text: str, fragment: str) -> None:
+    apply(tmp_path, {"a.com": TEXT_A, "b.com": TEXT_A})
+    result = apply(tmp_path, {"a.com": text, "b.com": TEXT_B, "c.com": text})
+    assert (tmp_path / "a.com" / "hosts.toml").read_text() == TEXT_A  # the old file stays
+    assert not (tmp_path / "c.com").exists()  # nothing created for a new host either
+    assert tree(tmp_path) == {"a.com/hosts.toml": TEXT_A, "b.com/hosts.toml": TEXT_B}
+    assert sorted(result.invalid) == ["a.com", "c.com"]
+    assert result.invalid["a.com"].startswith(f"generated {tmp_path / 'a.com' / 'hosts.toml'} {fragment}")
+    assert (result.written, result.removed) == (["b.com"], [])

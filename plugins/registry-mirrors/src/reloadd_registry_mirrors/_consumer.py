@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Mapping
@@ -23,7 +24,8 @@ from reloadd import (
 )
 
 from ._containerd import check_config, shadowing
-from ._inputs import Inputs, Outcome, evaluate, read_snapshot
+from ._inputs import FOLLOW_INSIDE, FOLLOW_ROOT_OWNED, Inputs, Outcome, evaluate, read_snapshot
+from ._model import Diagnostic
 from ._notify import Notifier, NotifyError
 from ._write import ApplyResult, apply
 
@@ -59,10 +61,11 @@ class Settings:
         certs = opts.str_list("certs_dirs", ["/etc/containers/certs.d", "/etc/docker/certs.d"])
         containerd_config = opts.str("containerd_config", "/etc/containerd/config.toml")
         max_size = opts.int("max_file_size", 1 << 20, minimum=1)
+        follow = opts.choice("follow_symlinks", (FOLLOW_INSIDE, FOLLOW_ROOT_OWNED), FOLLOW_INSIDE)
         notify = Notifier.from_options(opts.table("notify"), f"{where} notify")
         opts.finish()
         return cls(
-            Inputs(main, conf_d, yaml, tuple(Path(c) for c in certs), max_size),
+            Inputs(main, conf_d, yaml, tuple(Path(c) for c in certs), max_size, follow),
             hosts_dir,
             Path(containerd_config) if containerd_config else None,
             notify,
@@ -75,6 +78,8 @@ class RegistryMirrorsConsumer(BaseConsumer):
     Whatever path a batch names, every input is re-read, validated and rendered; only a
     fully valid set is written. On any error the last good files stay, the offending file
     gets a :class:`reloadd.Reject` naming it and the entry, the other paths an Ack.
+    A generated text that does not parse back keeps only its own host's previous file and
+    Rejects the input it came from; the other hosts are applied.
     """
 
     def __init__(self, ctx: ConsumerContext, settings: Settings) -> None:
@@ -87,6 +92,7 @@ class RegistryMirrorsConsumer(BaseConsumer):
             "reload_failures": 0,
             "config_valid": 1,
             "hosts_rendered": 0,
+            "hosts_invalid": 0,
             "warnings": 0,
             "files_written": 0,
             "files_removed": 0,
@@ -144,13 +150,24 @@ class RegistryMirrorsConsumer(BaseConsumer):
         except OSError as exc:
             self.stats["reload_failures"] += 1
             raise TransientError(f"cannot write under {hosts_dir}: {exc}") from exc
+        applied = {name: text for name, text in rendered.files.items() if name not in result.invalid}
+        if result.invalid:
+            self.stats["reload_failures"] += 1
+            outcome = _with_invalid_output(outcome, result.invalid)
+            for name, why in sorted(result.invalid.items()):
+                self.log.error(
+                    "Failed to render hosts.toml for registry host %s: %s; not written, its previous file stays",
+                    name,
+                    why,
+                )
         self.stats["config_valid"] = 1
-        self.stats["hosts_rendered"] = len(rendered.files)
+        self.stats["hosts_rendered"] = len(applied)
+        self.stats["hosts_invalid"] = len(result.invalid)
         self.stats["warnings"] = len(rendered.warnings)
         self.stats["files_written"] += len(result.written)
         self.stats["files_removed"] += len(result.removed)
         messages = [str(w) for w in rendered.warnings] + list(result.skipped.values())
-        messages += await asyncio.to_thread(shadowing, hosts_dir, self._roots_before, rendered.files)
+        messages += await asyncio.to_thread(shadowing, hosts_dir, self._roots_before, applied)
         if frozenset(messages) != self._last_warnings:  # say each warning once, not on every reload
             for message in messages:
                 if message not in self._last_warnings:
@@ -163,10 +180,10 @@ class RegistryMirrorsConsumer(BaseConsumer):
                 ", ".join(result.written) or "nothing",
                 ", ".join(result.removed) or "nothing",
             )
-        digest = _files_digest(rendered.files)
+        digest = _files_digest(applied)
         if self.settings.notify.enabled and (result.changed or digest != self._notified):
             try:
-                await self.settings.notify(sorted(rendered.files), result.written, result.removed)
+                await self.settings.notify(sorted(applied), result.written, result.removed)
             except NotifyError as exc:
                 self.stats["notify_failures"] += 1
                 self.log.warning("Failed to notify after applying registry mirrors: %s", exc)
@@ -203,20 +220,40 @@ class RegistryMirrorsConsumer(BaseConsumer):
                     results[path] = Ack(record.data if record is not None else None)
                     self._held.add(path)
             return results
+        self._ask_for_unreported(outcome, handed)
         held, self._held = self._held - handed, set()
+        # Rejected earlier (an invalid output) but fine now without changing themselves.
+        held |= {
+            p
+            for p, record in self.ctx.records.items()
+            if record.error is not None and p not in outcome.errors and p not in handed and self.accepts(p)
+        }
         if held:
             self.ctx.trigger(sorted(held))  # refresh their data now that the set applied
         rendered = outcome.rendered
         assert rendered is not None  # result is only set after a successful render
-        return {
-            path: Ack(
-                {
-                    "hosts": sorted(name for name, origin in rendered.origins.items() if origin == path),
-                    "warnings": [str(w) for w in rendered.warnings if w.path == path],
-                }
-            )
-            for path in batch.paths
-        }
+        results = {}
+        for path in batch.paths:
+            data: dict[str, list[str]] = {
+                "hosts": sorted(
+                    name for name, origin in rendered.origins.items() if origin == path and name not in result.invalid
+                ),
+                "warnings": [str(w) for w in rendered.warnings if w.path == path],
+            }
+            errors = outcome.errors.get(path)
+            results[path] = Reject("; ".join(str(d) for d in errors), data) if errors else Ack(data)
+        return results
+
+
+def _with_invalid_output(outcome: Outcome, invalid: Mapping[str, str]) -> Outcome:
+    """``outcome`` with an error on the input each refused host came from, naming the host."""
+    rendered = outcome.rendered
+    assert rendered is not None
+    errors = {path: list(diags) for path, diags in outcome.errors.items()}
+    for name, why in sorted(invalid.items()):
+        origin = rendered.origins[name]
+        errors.setdefault(origin, []).append(Diagnostic(origin, f"registry host {name}", f"{why}; not written"))
+    return dataclasses.replace(outcome, errors=errors)
 
 
 def _files_digest(files: Mapping[str, str]) -> str:

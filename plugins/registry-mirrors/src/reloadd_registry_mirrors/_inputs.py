@@ -21,7 +21,13 @@ from ._render import CertFiles, Rendered, render
 from ._validate import load_file
 from ._yaml import YamlConfig, load_yaml
 
-__all__ = ["Inputs", "Outcome", "Snapshot", "evaluate", "read_snapshot"]
+__all__ = ["FOLLOW_INSIDE", "FOLLOW_ROOT_OWNED", "Inputs", "Outcome", "Snapshot", "evaluate", "read_snapshot"]
+
+FOLLOW_INSIDE = "inside"
+"""Symlinked drop-ins are read only when they resolve inside the drop-in folder (the default)."""
+FOLLOW_ROOT_OWNED = "root-owned"
+"""Also read drop-ins that resolve elsewhere when every link on the way and the file are root's (NixOS)."""
+_MAX_HOPS = 40  # Linux's MAXSYMLINKS
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +40,7 @@ class Inputs:
         yaml: A k3s-style registries.yaml, or ``None``.
         certs_dirs: containers-certs.d roots, first match per host wins.
         max_file_size: Inputs larger than this are rejected unread.
+        follow_symlinks: :data:`FOLLOW_INSIDE` or :data:`FOLLOW_ROOT_OWNED`, for symlinked drop-ins.
     """
 
     main: Path
@@ -41,6 +48,7 @@ class Inputs:
     yaml: Path | None = None
     certs_dirs: tuple[Path, ...] = ()
     max_file_size: int = 1 << 20
+    follow_symlinks: str = FOLLOW_INSIDE
 
 
 @dataclass(slots=True)
@@ -64,20 +72,49 @@ class Outcome:
     inputs: tuple[Path, ...]
 
 
-def _read(path: Path, limit: int, errors: list[Diagnostic], *, inside: Path | None = None) -> bytes | None:
+def _outside_link_problem(path: Path, target: Path, inside: Path, follow: str) -> str | None:
+    """Why the drop-in ``path``, a symlink resolving to ``target`` outside ``inside``, is refused.
+
+    Under :data:`FOLLOW_ROOT_OWNED` every link of the chain must be owned by root, so only
+    root can point the drop-in elsewhere; the file itself is checked once opened.
+    """
+    if follow != FOLLOW_ROOT_OWNED:
+        return f"symlink points outside {inside} (to {target}); refused"
+    hop = path
+    for _ in range(_MAX_HOPS):
+        st = os.lstat(hop)
+        if not stat.S_ISLNK(st.st_mode):
+            return None
+        if st.st_uid != 0:
+            return f"symlink {hop} (on the way to {target}) is owned by uid {st.st_uid}, not root; refused"
+        hop = hop.parent / os.readlink(hop)
+    return f"more than {_MAX_HOPS} symlinks on the way to {target}; refused"
+
+
+def _read(
+    path: Path, limit: int, errors: list[Diagnostic], *, inside: Path | None = None, follow: str = FOLLOW_INSIDE
+) -> bytes | None:
     """Read a regular file of at most ``limit`` bytes; ``None`` when it does not exist."""
+    root_only = False
     try:
         if inside is not None and path.is_symlink():
             target = path.resolve()
             if not target.is_relative_to(inside.resolve()):
-                errors.append(Diagnostic(path, "", f"symlink points outside {inside} (to {target}); refused"))
-                return None
+                problem = _outside_link_problem(path, target, inside, follow)
+                if problem is not None:
+                    errors.append(Diagnostic(path, "", problem))
+                    return None
+                root_only = True
         # O_NONBLOCK: a FIFO dropped in as x.conf must not hang the reader; it is refused below.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         with open(fd, "rb") as f:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):
                 errors.append(Diagnostic(path, "", "not a regular file (FIFO, socket or device); refused"))
+                return None
+            if root_only and st.st_uid != 0:
+                owner = f"symlink target {path.resolve()} is owned by uid {st.st_uid}, not root; refused"
+                errors.append(Diagnostic(path, "", owner))
                 return None
             if st.st_size > limit:
                 errors.append(Diagnostic(path, "", f"file too large: {st.st_size} bytes, limit {limit}"))
@@ -99,7 +136,9 @@ def read_snapshot(inputs: Inputs) -> Snapshot:
     snap = Snapshot()
     snap.main = _read(inputs.main, inputs.max_file_size, snap.errors)
     try:
-        names = sorted(e.name for e in os.scandir(inputs.conf_d) if e.name.endswith(".conf"))
+        # Directories are skipped, as containers/image's WalkDir does (a symlink to one is not).
+        entries = os.scandir(inputs.conf_d)
+        names = sorted(e.name for e in entries if e.name.endswith(".conf") and not e.is_dir(follow_symlinks=False))
     except (FileNotFoundError, NotADirectoryError):
         names = []
     except OSError as exc:
@@ -107,7 +146,7 @@ def read_snapshot(inputs: Inputs) -> Snapshot:
         names = []
     for name in names:
         path = inputs.conf_d / name
-        data = _read(path, inputs.max_file_size, snap.errors, inside=inputs.conf_d)
+        data = _read(path, inputs.max_file_size, snap.errors, inside=inputs.conf_d, follow=inputs.follow_symlinks)
         if data is not None:
             snap.drop_ins.append((path, data))
     if inputs.yaml is not None:
@@ -178,11 +217,7 @@ def evaluate(inputs: Inputs, snap: Snapshot) -> Outcome:
         read.append(inputs.yaml)
     if errors:
         return Outcome(None, errors, tuple(read))
-    try:
-        rendered = render(merge(main, drop_ins), yaml_config, snap.certs)
-    except InputError as exc:
-        fail(exc)
-        return Outcome(None, errors, tuple(read))
+    rendered = render(merge(main, drop_ins), yaml_config, snap.certs)
     if snap.warnings:
         rendered = Rendered(rendered.files, rendered.origins, (*rendered.warnings, *snap.warnings))
     return Outcome(rendered, errors, tuple(read))

@@ -5,6 +5,8 @@ Rules, each there because containerd reads these files on every pull:
 * a file is written to a temp file in its own directory, fsynced, then renamed over
   ``hosts.toml`` (a half-written file fails to parse, and containerd then silently
   drops every mirror for that host);
+* a text is parsed back with ``tomllib`` before it replaces anything: a file containerd
+  cannot parse is never written, and the previous one for that host stays;
 * a directory is ours only if its ``hosts.toml`` is a regular file whose first line is
   :data:`HEADER`; anything else (another tool's file, a symlink) is left alone;
 * names are re-checked here so no path outside ``hosts_dir`` can ever be built.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +25,7 @@ from pathlib import Path
 from ._hosts import host_dir_name
 from ._render import HEADER
 
-__all__ = ["ApplyResult", "apply", "is_owned"]
+__all__ = ["ApplyResult", "apply", "check_text", "is_owned"]
 
 HOSTS_FILE = "hosts.toml"
 
@@ -36,12 +39,15 @@ class ApplyResult:
         removed: Directory names whose owned hosts.toml was removed.
         unchanged: Directory names already up to date.
         skipped: Directory name → why it was left alone (not ours).
+        invalid: Directory name → why its rendered text was refused (not valid TOML); the
+            previous hosts.toml, if any, is kept.
     """
 
     written: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    invalid: dict[str, str] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -83,6 +89,27 @@ def is_owned(directory: Path) -> bool:
     return data is not None and data.split(b"\n", 1)[0] == HEADER.encode()
 
 
+def check_text(text: str) -> str | None:
+    """Why ``text`` must not become a hosts.toml (``"is not valid TOML: …"``), or ``None``.
+
+    containerd drops a hosts.toml it cannot parse (and every mirror with it) without a word, so
+    each generated text is parsed back with ``tomllib`` and must start with :data:`HEADER`
+    (without it reloadd would never touch the file again).
+    """
+    try:
+        text.encode("utf-8")
+        tomllib.loads(text)
+    except UnicodeEncodeError as exc:
+        return f"is not encodable as UTF-8: {exc}"
+    except tomllib.TOMLDecodeError as exc:
+        return f"is not valid TOML: {exc}"
+    except RecursionError:
+        return "is not valid TOML: nested too deeply"
+    if text.split("\n", 1)[0] != HEADER:
+        return "does not start with the ownership header"
+    return None
+
+
 def _write_atomic(directory: Path, text: str) -> None:
     tmp = directory / f".{HOSTS_FILE}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
@@ -116,7 +143,9 @@ def apply(hosts_dir: Path, files: Mapping[str, str]) -> ApplyResult:
 
     Args:
         hosts_dir: containerd's ``config_path`` root (created if missing).
-        files: Directory name → hosts.toml text, from :func:`render`.
+        files: Directory name → hosts.toml text, from :func:`render`. A text that fails
+            :func:`check_text` is not written (listed in ``invalid``) and the directory's
+            previous hosts.toml is neither replaced nor removed.
 
     Raises:
         ValueError: a name that is not a valid host directory (never reached with rendered input).
@@ -130,6 +159,10 @@ def apply(hosts_dir: Path, files: Mapping[str, str]) -> ApplyResult:
         directory = root / host_dir_name(name)
         if directory.parent != root:
             raise ValueError(f"refusing to write outside {root}: {name!r}")
+        problem = check_text(text)
+        if problem is not None:
+            result.invalid[name] = f"generated {directory / HOSTS_FILE} {problem}"
+            continue
         try:
             st = os.lstat(directory)
         except FileNotFoundError:
