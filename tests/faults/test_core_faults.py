@@ -98,7 +98,8 @@ async def test_sigterm_during_work(tmp_path, grace, hook_seconds, finishes, reli
         assert started == 2  # the abandoned path was handed over again after the restart
     done = lines(tmp_path / "done.log").count("work.conf")
     reliability.record(f"SIGTERM mid-batch, grace {grace}", trials=1, expected=1, delivered=done,
-                       notes=f"hook started {started}x; " + f"stopped in {stopped_in:.1f}s; {'finished' if finishes else 'abandoned, redone'}")
+                       notes=f"hook started {started}x; "
+                             f"stopped in {stopped_in:.1f}s; {'finished' if finishes else 'abandoned, redone'}")
 
 
 class _SoakConsumer(BaseConsumer):

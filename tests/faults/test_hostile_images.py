@@ -154,4 +154,5 @@ async def test_hostile_image(tmp_path: Path, name: str, caplog: pytest.LogCaptur
         finally:
             probe.close()
     reliability.record(f"containerd-images hostile input: {name}", trials=1, expected=1, delivered=after,
-                       notes=f"`{expected}`; the good file dropped afterwards imported; nothing imported from it; pins kept; {time.monotonic() - t0:.1f}s")
+                       notes=f"`{expected}`; the good file dropped afterwards imported; "
+                             f"nothing imported from it; pins kept; {time.monotonic() - t0:.1f}s")

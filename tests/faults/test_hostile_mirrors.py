@@ -129,4 +129,5 @@ async def test_hostile_input(tmp_path: Path, name: str, caplog: pytest.LogCaptur
         if target is not None:
             release(target)
     reliability.record(f"registry-mirrors hostile input: {name}", trials=1, expected=1, delivered=after,
-                       notes=f"`{expected}`; the drop-in added afterwards applied; last good kept, nothing written; {time.monotonic() - t0:.1f}s")
+                       notes=f"`{expected}`; the drop-in added afterwards applied; "
+                             f"last good kept, nothing written; {time.monotonic() - t0:.1f}s")
