@@ -37,14 +37,18 @@ check: install
 	$(BIN)/ruff check src plugins tests bench examples
 	$(BIN)/mypy src $(foreach p,$(PLUGINS),$(p)src)
 
+# `make demo DEMO_ARGS=--smoke` drops the samples itself and checks all three consumers.
 demo: deps install
-	$(BIN)/python -m examples.demo.run_demo
+	$(BIN)/python -m examples.demo.run_demo $(DEMO_ARGS)
 
+# Every figure in docs/benchmarks.md comes from this one run, at the suites' defaults.
 bench: deps kube containerd-releases install
-	$(BIN)/python -m bench
-	$(BIN)/python -m bench.registry_mirrors
-	$(BIN)/python -m bench.containerd_images
-	$(BIN)/python -m bench.kube_manifests
+	mkdir -p build/bench
+	$(BIN)/python -m bench --out docs/benchmarks-core.md
+	$(BIN)/python -m bench.containerd_images --out build/bench/20-containerd-images.md
+	$(BIN)/python -m bench.kube_manifests --md build/bench/30-kube-manifests.md
+	$(BIN)/python -m bench.registry_mirrors --md build/bench/40-registry-mirrors.md
+	$(BIN)/python -m bench.report docs/benchmarks.md docs/benchmarks-core.md build/bench/[0-9]*.md
 
 faults: deps kube containerd-releases install
 	RELOADD_RELIABILITY_REPORT=docs/reliability.md $(BIN)/pytest -q -p no:cacheprovider tests/faults -m 'slow or not slow'

@@ -3,15 +3,18 @@
 Run from the repository root::
 
     python -m examples.demo.run_demo            # interactive: prints what to drop where
-    python -m examples.demo.run_demo --smoke    # drops the samples itself, checks, exits
+    python -m examples.demo.run_demo --smoke    # drops the samples itself, checks all three, exits
+    make demo DEMO_ARGS=--smoke                 # the same through make
 
 It starts (all in one temp dir, nothing system-wide is touched):
 
 * a private containerd (its own root, state and socket) whose CRI registry
   ``config_path`` is the demo's ``certs.d``;
 * a local ``docker-registry`` on 127.0.0.1 holding ``demo/hello:v2``;
-* a throwaway etcd + kube-apiserver when ``make kube`` has built one (or your own
-  cluster through ``--kubeconfig``/``$KUBECONFIG``); otherwise the manifests folder is off;
+* a throwaway etcd + kube-apiserver (or your own cluster through ``--kubeconfig``). When
+  ``make kube`` has not built one yet, images and mirrors start at once and the kube-apiserver is
+  built in the background (about 7 minutes, once; cached in /var/cache/reloadd); the manifests
+  folder is switched on when it is ready (the demo says so and restarts reloadd with it);
 * ``reloadd run`` watching ``examples/demo/images``, ``registries.conf.d`` and
   ``manifests`` with the ``containerd-images``, ``registry-mirrors`` and
   ``kube-manifests`` plugins.
@@ -34,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 REPO = Path(__file__).resolve().parents[2]
 if __package__ in (None, ""):  # run as a script (python examples/demo/run_demo.py)
@@ -125,8 +128,21 @@ async def make_samples(root: Path, registry_host: str) -> Path:
     return samples
 
 
+def manifest_instructions(folders: Path, samples: Path, kube: Any) -> str:
+    """How to try the manifests folder against ``kube``."""
+    rel = folders.relative_to(Path.cwd()) if folders.is_relative_to(Path.cwd()) else folders
+    return "\n".join([
+        f"{BOLD}3. Apply a manifest{RESET}: drop YAML into {rel}/manifests/",
+        f"     cp {samples}/hello.yaml {rel}/manifests/",
+        f"     curl -s --cacert {kube.ca_file} -H 'Authorization: Bearer {kube.admin_token}' \\",
+        f"       {kube.server}/api/v1/namespaces/default/configmaps/hello-from-reloadd",
+        f"     rm {rel}/manifests/hello.yaml   {DIM}# pruned from the cluster{RESET}",
+        "",
+    ])
+
+
 def instructions(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, port: int,
-                 kube: Any | None) -> str:
+                 kube: Any | None, building: bool = False) -> str:
     """What to drop where and what to run to see the result."""
     rel = folders.relative_to(Path.cwd()) if folders.is_relative_to(Path.cwd()) else folders
     ctr = f"ctr -a {ctd} -n k8s.io"
@@ -145,16 +161,11 @@ def instructions(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, 
         "",
     ]
     if kube is not None:
-        out += [
-            f"{BOLD}3. Apply a manifest{RESET}: drop YAML into {rel}/manifests/",
-            f"     cp {samples}/hello.yaml {rel}/manifests/",
-            f"     curl -s --cacert {kube.ca_file} -H 'Authorization: Bearer {kube.admin_token}' \\",
-            f"       {kube.server}/api/v1/namespaces/default/configmaps/hello-from-reloadd",
-            f"     rm {rel}/manifests/hello.yaml   {DIM}# pruned from the cluster{RESET}",
-            "",
-        ]
+        out.append(manifest_instructions(folders, samples, kube))
+    elif building:
+        out += [f"{DIM}3. Manifests: on as soon as the kube-apiserver build finishes (see below){RESET}", ""]
     else:
-        out += [f"{DIM}3. Manifests: off (run `make kube` once, or pass --kubeconfig, to try the applier){RESET}", ""]
+        out += [f"{DIM}3. Manifests: off (--no-kube){RESET}", ""]
     out += [
         f"{BOLD}Watch it{RESET}:",
         f"     reloadd status --config {cfg}",
@@ -183,8 +194,9 @@ async def _run(*argv: str) -> tuple[int, str]:
     return proc.returncode, out.decode(errors="replace")
 
 
-async def smoke(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, kube: Any | None) -> None:
-    """Do what the instructions say and check each result."""
+async def smoke(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path,
+                kube: Callable[[], Awaitable[Any | None]]) -> None:
+    """Do what the instructions say and check each result (``kube()`` waits for the cluster, if any)."""
     ctr = ["ctr", "-a", ctd, "-n", "k8s.io"]
     shutil.copy(samples / "hello.tar", folders / "images" / "hello.tar")
 
@@ -206,12 +218,13 @@ async def smoke(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, k
         raise RuntimeError(f"pull through the mirror failed: {out}")
     say(f"smoke: {IMAGE_V2} pulled through the mirror")
 
-    if kube is not None:
+    cluster = await kube()
+    if cluster is not None:
         shutil.copy(samples / "hello.yaml", folders / "manifests" / "hello.yaml")
 
         async def applied() -> bool:
-            return await asyncio.to_thread(kube.get, "/api/v1/namespaces/default/configmaps/hello-from-reloadd") \
-                is not None
+            got = await asyncio.to_thread(cluster.get, "/api/v1/namespaces/default/configmaps/hello-from-reloadd")
+            return got is not None
 
         await _until(applied, "the ConfigMap")
         say("smoke: manifests/hello.yaml applied")
@@ -227,9 +240,77 @@ def _kube_binaries() -> bool:
     return os.access(kube_bin_dir() / "kube-apiserver", os.X_OK) and shutil.which("etcd") is not None
 
 
+def _append(path: Path) -> BinaryIO:
+    """A log file for a child process to append to."""
+    return open(path, "ab")
+
+
+async def build_kube(log: Path) -> None:
+    """Build kube-apiserver v1.20.2 into the cache the tests use (scripts/infra/build-kube-apiserver.sh).
+
+    ``RELOADD_KUBE_BUILD`` names another build script (the demo's own test uses a fast stand-in).
+    """
+    from tests.kube.apiserver import kube_bin_dir
+
+    script = os.environ.get("RELOADD_KUBE_BUILD") or str(REPO / "scripts" / "infra" / "build-kube-apiserver.sh")
+    with _append(log) as out:
+        proc = await asyncio.create_subprocess_exec(
+            "bash", script,
+            env={**os.environ, "OUT": str(kube_bin_dir())}, stdin=asyncio.subprocess.DEVNULL,
+            stdout=out, stderr=out, start_new_session=True,
+        )
+        try:
+            code = await proc.wait()
+        except asyncio.CancelledError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            raise
+    if code != 0 or not _kube_binaries():
+        raise RuntimeError(f"building kube-apiserver failed ({code}); see {log}")
+
+
+class Daemon:
+    """``reloadd run`` as a child process, restartable with a new config."""
+
+    def __init__(self) -> None:
+        self.proc: asyncio.subprocess.Process | None = None
+        self._settled = asyncio.Event()  # clear while a restart is under way
+        self._settled.set()
+
+    async def start(self, cfg: Path) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "reloadd", "run", "--config", str(cfg),
+            stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+        )
+
+    async def restart(self, cfg: Path) -> None:
+        """Stop the running daemon and start it again on ``cfg`` (its state carries over)."""
+        self._settled.clear()
+        try:
+            await self.stop()
+            await self.start(cfg)
+        finally:
+            self._settled.set()
+
+    async def stop(self) -> None:
+        if self.proc is not None:
+            await _stop(self.proc)
+
+    async def exited(self) -> int:
+        """Wait until the daemon exits on its own (an exit caused by a restart does not count)."""
+        while True:
+            proc = self.proc
+            assert proc is not None
+            code = await proc.wait()
+            await self._settled.wait()
+            if proc is self.proc:
+                return code
+
+
 async def demo(args: argparse.Namespace) -> int:
     """Start everything, run reloadd until Ctrl-C (or the smoke check ends), stop everything."""
     from tests.infra import local_registry, private_containerd
+    from tests.kube.apiserver import KubeCluster
 
     missing = [b for b in NEEDED if shutil.which(b) is None]
     if missing:
@@ -241,39 +322,69 @@ async def demo(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    reloadd: asyncio.subprocess.Process | None = None
+    daemon = Daemon()
+    tasks: list[asyncio.Task[Any]] = []
     try:
         async with contextlib.AsyncExitStack() as stack:
             say("starting a local registry and a private containerd ...")
             reg = await stack.enter_async_context(local_registry(root))
             ctd = await stack.enter_async_context(private_containerd(root, hosts_dir=root / "certs.d"))
             samples = await make_samples(root, reg.host)
-            kube = None
-            kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
-            if kubeconfig is None and not args.no_kube and _kube_binaries():
-                from tests.kube.apiserver import KubeCluster
-
-                say("starting etcd and kube-apiserver ...")
-                kube = KubeCluster(controllers=())
-                await asyncio.to_thread(kube.start)
-                stack.callback(kube.stop)
-                kubeconfig = kube.kubeconfig
             port = _free_port()
+
+            async def start_cluster() -> KubeCluster:
+                say("starting etcd and kube-apiserver ...")
+                cluster = KubeCluster(controllers=())
+                await asyncio.to_thread(cluster.start)
+                stack.callback(cluster.stop)
+                return cluster
+
+            kube: KubeCluster | None = None
+            kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
+            building = kubeconfig is None and not args.no_kube and not _kube_binaries()
+            if kubeconfig is None and not args.no_kube and not building:
+                kube = await start_cluster()
+                kubeconfig = kube.kubeconfig
             cfg = write_config(root, folders, ctd.address, kubeconfig, port)
-            reloadd = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "reloadd", "run", "--config", str(cfg),
-                stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
-            )
+            await daemon.start(cfg)
             say("")
-            say(instructions(root, folders, samples, ctd.address, cfg, port, kube))
+            say(instructions(root, folders, samples, ctd.address, cfg, port, kube, building))
             say("")
-            waiter = asyncio.create_task(reloadd.wait())
+
+            cluster_ready: asyncio.Future[KubeCluster | None] = loop.create_future()
+            if building:
+                log = root / "kube-build.log"
+                say(f"building kube-apiserver v1.20.2 in the background (about 7 min, once; log {log}); "
+                    "the manifests folder is switched on when it is ready")
+
+                async def build_then_enable() -> None:
+                    try:
+                        await build_kube(log)
+                        cluster = await start_cluster()
+                        await daemon.restart(write_config(root, folders, ctd.address, cluster.kubeconfig, port))
+                        say("")
+                        say(f"{BOLD}kube-apiserver is ready: the manifests folder is on{RESET} (reloadd restarted)")
+                        say(manifest_instructions(folders, samples, cluster))
+                        cluster_ready.set_result(cluster)
+                    except Exception as exc:
+                        say(f"manifests stay off: {exc}")
+                        cluster_ready.set_result(None)
+
+                tasks.append(asyncio.create_task(build_then_enable()))
+            else:
+                cluster_ready.set_result(kube)
+
+            async def wait_cluster() -> KubeCluster | None:
+                return await cluster_ready
+
+            waiter = asyncio.create_task(daemon.exited())
+            tasks.append(waiter)
             if args.smoke:
-                work = asyncio.create_task(smoke(root, folders, samples, ctd.address, cfg, kube))
+                work = asyncio.create_task(smoke(root, folders, samples, ctd.address, cfg, wait_cluster))
                 done, _ = await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
                 if work not in done:
                     work.cancel()
-                    raise RuntimeError(f"reloadd exited early with {reloadd.returncode}")
+                    raise RuntimeError(f"reloadd exited early with {waiter.result()}")
                 work.result()
                 say("smoke: OK")
             else:
@@ -281,11 +392,13 @@ async def demo(args: argparse.Namespace) -> int:
                 await asyncio.wait({stopper, waiter}, return_when=asyncio.FIRST_COMPLETED)
                 stopper.cancel()
             say("stopping ...")
-            await _stop(reloadd)
-            waiter.cancel()
+            for t in tasks:
+                t.cancel()
+            await daemon.stop()
     finally:
-        if reloadd is not None:
-            await _stop(reloadd)
+        for t in tasks:
+            t.cancel()
+        await daemon.stop()
         if args.keep:
             say(f"kept {root}")
         else:
