@@ -15,6 +15,7 @@ from ._errors import (
 )
 from ._filters import DEFAULT_IGNORES, PathFilter
 from ._options import Options, parse_duration
+from ._pidfile import read_pid_file, signal_pid_file
 from ._reloader import Reloader
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import atomic_write
@@ -74,4 +75,6 @@ __all__ = [
     "load_config",
     "parse_config",
     "parse_duration",
+    "read_pid_file",
+    "signal_pid_file",
 ]

@@ -29,6 +29,16 @@ from ._options import Options
 
 __all__ = ["Config", "ConsumerConfig", "load_config", "parse_config"]
 
+# Ranges beyond "finite, 0..MAX_DURATION" that every duration already gets (see _options).
+MAX_QUIET = 3600.0
+"""A quiet period longer than an hour means changes are never seen to settle in practice."""
+MIN_RESCAN_INTERVAL = 0.1
+"""Below this a stat walk of every root would run back to back, burning a core."""
+MIN_READY_MAX_AGE = 1.0
+"""Below this any path that is merely queued makes /readyz fail."""
+MAX_CONCURRENCY = 1024
+"""Batches in flight per consumer; each one may hold a process or a connection."""
+
 
 @dataclass(frozen=True)
 class ConsumerConfig:
@@ -113,11 +123,15 @@ def parse_config(doc: dict[str, Any], source: Path | None = None) -> Config:
 
     state_dir = p("state_dir", "/var/lib/reloadd")
     assert state_dir is not None
-    quiet = g.duration("quiet", 0.2)
+    quiet = g.duration("quiet", 0.2, maximum=MAX_QUIET)
     max_delay = g.duration("max_delay", 5.0)
+    rescan_interval = g.duration("rescan_interval", 15.0)
+    if 0 < rescan_interval < MIN_RESCAN_INTERVAL:
+        raise ConfigError(f"{name} [reloadd]: key 'rescan_interval' must be 0 (off) or at least "
+                          f"{MIN_RESCAN_INTERVAL * 1000:g}ms, got {rescan_interval:g}s")
     cfg_kw: dict[str, Any] = dict(
         state_dir=state_dir,
-        rescan_interval=g.duration("rescan_interval", 15.0),
+        rescan_interval=rescan_interval,
         quiet=quiet,
         max_delay=max_delay,
         shutdown_grace=g.duration("shutdown_grace", 10.0),
@@ -125,19 +139,23 @@ def parse_config(doc: dict[str, Any], source: Path | None = None) -> Config:
         pid_file=p("pid_file"),
         control_socket=p("control_socket"),
         metrics_listen=g.str("metrics_listen"),
-        ready_max_age=g.duration("ready_max_age", 600.0),
+        ready_max_age=g.duration("ready_max_age", 600.0, minimum=MIN_READY_MAX_AGE),
     )
     g.finish()
-    if max_delay < quiet:
-        raise ConfigError(f"{name} [reloadd]: max_delay ({max_delay}s) must not be less than quiet ({quiet}s)")
+    _check_timing(f"{name} [reloadd]", quiet, max_delay)
 
     consumers: list[ConsumerConfig] = []
     seen: set[str] = set()
     for i, table in enumerate(raw_consumers):
         consumers.append(_consumer(table, f"{name} [[consumer]] #{i + 1}", base))
-        if consumers[-1].name in seen:
-            raise ConfigError(f"{name}: consumer name {consumers[-1].name!r} is used twice")
-        seen.add(consumers[-1].name)
+        cc = consumers[-1]
+        if cc.name in seen:
+            raise ConfigError(f"{name}: consumer name {cc.name!r} is used twice")
+        seen.add(cc.name)
+        if cc.quiet is not None or cc.max_delay is not None:  # the pair the aggregator will use
+            _check_timing(f"{name} [[consumer]] #{i + 1} ({cc.name!r})",
+                          quiet if cc.quiet is None else cc.quiet,
+                          max_delay if cc.max_delay is None else cc.max_delay)
     return Config(consumers=tuple(consumers), source=source, **cfg_kw)
 
 
@@ -148,7 +166,7 @@ def _consumer(table: Any, where: str, base: Path) -> ConsumerConfig:
     c.where = where
     plugin = c.str("plugin", required=True)
     paths = tuple(_abs(Path(x).expanduser(), base) for x in c.str_list("paths"))
-    conc = c.int("concurrency", None, minimum=1)
+    conc = c.int("concurrency", None, minimum=1, maximum=MAX_CONCURRENCY)
     cc = ConsumerConfig(
         name=cname,
         plugin=plugin,
@@ -157,13 +175,18 @@ def _consumer(table: Any, where: str, base: Path) -> ConsumerConfig:
         exclude=tuple(c.str_list("exclude")),
         recursive=c.bool("recursive", True),
         ignore_defaults=c.bool("ignore_defaults", True),
-        quiet=c.duration("quiet"),
+        quiet=c.duration("quiet", maximum=MAX_QUIET),
         max_delay=c.duration("max_delay"),
         concurrency=conc,
         options=c.table("options"),
     )
     c.finish()
     return cc
+
+
+def _check_timing(where: str, quiet: float, max_delay: float) -> None:
+    if max_delay < quiet:
+        raise ConfigError(f"{where}: max_delay ({max_delay:g}s) must not be less than quiet ({quiet:g}s)")
 
 
 def _abs(p: Path, base: Path) -> Path:

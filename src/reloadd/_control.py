@@ -324,6 +324,6 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
             lines.append(f"  FAILING:   {f['path']}: attempt {f.get('attempts', '?')}, {when}")
             lines.append(f"             {f.get('error')}")
         for rj in c.get("rejected", []):
-            lines.append(f"  REJECTED:  {rj['path']} (not retried until it changes)")
+            lines.append(f"  REJECTED:  {rj['path']} (not retried until it changes, or on SIGHUP / `reloadd reload`)")
             lines.append(f"             {rj.get('error')}")
     return "\n".join(lines) + "\n"

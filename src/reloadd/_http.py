@@ -1,9 +1,7 @@
-"""``/metrics``, ``/healthz`` and ``/readyz`` on a tiny asyncio HTTP/1.1 server.
+"""What ``/metrics``, ``/healthz`` and ``/readyz`` answer (served by :mod:`reloadd._webserver`).
 
-Three read-only GET endpoints do not justify a web framework: the server reads one
-request head, answers, and closes the connection. Everything runs on the reloader's
-own event loop, so a wedged loop shows up as a probe timeout, which is exactly what a
-liveness probe is for.
+Everything runs on the reloader's own event loop, so a wedged loop shows up as a probe
+timeout, which is exactly what a liveness probe is for.
 
 Health (``/healthz``, for liveness probes and ``WatchdogSec``-style supervision):
     200 while the event loop is responsive (a ticker measures how late it wakes; more
@@ -27,31 +25,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from ._errors import ConfigError, ReloaddError
+from ._errors import ConfigError
 
 if TYPE_CHECKING:
     from ._reloader import Reloader
 
-__all__ = ["MAX_LOOP_LAG", "Health", "LoopMonitor", "Response", "parse_listen", "start_http"]
-
-log = logging.getLogger("reloadd.http")
+__all__ = ["MAX_LOOP_LAG", "Handler", "Health", "LoopMonitor", "Response", "endpoints", "parse_listen"]
 
 MAX_LOOP_LAG = 5.0
 """Seconds the event loop may wake late before ``/healthz`` fails."""
-
-_HEAD_TIMEOUT = 10.0
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            503: "Service Unavailable"}
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -198,6 +187,7 @@ class Health:
 
 
 Handler = Callable[[str, dict[str, str]], Awaitable[Response]]
+"""Answers a GET for a path, given the request headers (lower-case names)."""
 
 
 def endpoints(health: Health, registry: CollectorRegistry) -> Handler:
@@ -216,74 +206,3 @@ def endpoints(health: Health, registry: CollectorRegistry) -> Handler:
         return Response(404, b"not found: try /metrics, /healthz or /readyz\n")
 
     return handle
-
-
-async def start_http(listen: str, handler: Handler) -> asyncio.Server:
-    """Serve ``handler`` on ``listen`` (``host:port``; port 0 picks a free one).
-
-    Raises:
-        ConfigError: ``listen`` is malformed.
-        ReloaddError: the address cannot be bound (in use, not local).
-    """
-    host, port = parse_listen(listen)
-
-    async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await _serve_one(reader, writer, handler)
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
-            pass
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.error("Failed to answer an HTTP request: %s", exc, exc_info=exc)
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    try:
-        server = await asyncio.start_server(on_connection, host, port, reuse_address=True)
-    except OSError as exc:
-        raise ReloaddError(f"Failed to listen on {listen} (metrics_listen): {exc.strerror or exc}") from exc
-    for sock in server.sockets:
-        addr = sock.getsockname()
-        log.info("Serving /metrics, /healthz and /readyz on http://%s:%d",
-                 f"[{addr[0]}]" if ":" in addr[0] else addr[0], addr[1])
-    return server
-
-
-async def _serve_one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handler: Handler) -> None:
-    try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _HEAD_TIMEOUT)
-    except asyncio.LimitOverrunError:
-        await _write(writer, "GET", Response(400, b"request head too large\n"))
-        return
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-        await _write(writer, "GET", Response(400, b"bad request line\n"))
-        return
-    method, target, _ = parts
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        key, sep, value = line.partition(":")
-        if sep:
-            headers[key.strip().lower()] = value.strip()
-    if method not in ("GET", "HEAD"):
-        await _write(writer, method, Response(405, b"only GET and HEAD\n"))
-        return
-    response = await handler(urlsplit(target).path, headers)
-    await _write(writer, method, response)
-
-
-async def _write(writer: asyncio.StreamWriter, method: str, r: Response) -> None:
-    head = (
-        f"HTTP/1.1 {r.status} {_REASONS.get(r.status, 'Unknown')}\r\n"
-        f"Content-Type: {r.content_type}\r\n"
-        f"Content-Length: {len(r.body)}\r\n"
-        f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S GMT', time.gmtime())}\r\n"
-        "Cache-Control: no-store\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    writer.write(head.encode("latin-1") + (b"" if method == "HEAD" else r.body))
-    await writer.drain()

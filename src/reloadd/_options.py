@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any, TypeVar
 
 from ._errors import ConfigError
 
-__all__ = ["Options", "parse_duration"]
+__all__ = ["MAX_DURATION", "Options", "parse_duration"]
 
 T = TypeVar("T")
 _Str = str
@@ -19,29 +20,57 @@ _Int = int
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
 
+MAX_DURATION = 30 * 24 * 3600.0
+"""The longest duration any option accepts (30 days).
 
-def parse_duration(value: object, where: str) -> float:
+Longer values are typos, not intent, and some overflow the timeouts they end up in
+(``threading`` waits reject more than ~292 years, ``loop.call_at`` silently never fires).
+"""
+
+
+def parse_duration(value: object, where: str, *, minimum: float = 0.0, maximum: float = MAX_DURATION) -> float:
     """Parse ``"200ms"``, ``"15s"``, ``"1.5m"``, ``"2h"`` (or a bare number of seconds).
 
+    TOML also has bare ``nan`` and ``inf`` floats; both are refused, because a ``nan``
+    quiet period compares false with every deadline and nothing would ever be delivered.
+
+    Args:
+        value: The raw TOML value.
+        where: How to name the file and key in error messages.
+        minimum: The smallest accepted value in seconds.
+        maximum: The largest accepted value in seconds (default :data:`MAX_DURATION`).
+
     Returns:
-        Seconds as a float.
+        Seconds as a finite float in ``[minimum, maximum]``.
 
     Raises:
-        ConfigError: naming ``where`` when the value is not a non-negative duration.
+        ConfigError: naming ``where`` when the value is not such a duration.
     """
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected a duration like \"200ms\" or \"15s\", got {value!r}")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ConfigError(f"{where}: duration must not be negative, got {value!r}")
-        return float(value)
-    if isinstance(value, str):
+    seconds: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
         m = _DURATION.match(value)
         if m:
-            return float(m.group(1)) * _UNITS[m.group(2)]
-        if value.strip() == "0":
-            return 0.0  # "0" needs no unit
-    raise ConfigError(f"{where}: expected a duration like \"200ms\" or \"15s\", got {value!r}")
+            seconds = float(m.group(1)) * _UNITS[m.group(2)]
+        elif value.strip() == "0":
+            seconds = 0.0  # "0" needs no unit
+    if seconds is None or math.isnan(seconds):
+        raise ConfigError(f"{where}: expected a duration like \"200ms\" or \"15s\", got {value!r}")
+    if seconds < 0:
+        raise ConfigError(f"{where}: duration must not be negative, got {value!r}")
+    if not math.isfinite(seconds) or seconds > maximum:
+        raise ConfigError(f"{where}: duration must be at most {_show(maximum)}, got {value!r}")
+    if seconds < minimum:
+        raise ConfigError(f"{where}: duration must be at least {_show(minimum)}, got {value!r}")
+    return seconds
+
+
+def _show(seconds: float) -> str:
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds * 1000:g}ms"
 
 
 _TYPE_NAMES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number"}
@@ -98,19 +127,44 @@ class Options:
         """A boolean value."""
         return bool(self._get(key, (_Bool,), default, False))
 
-    def int(self, key: _Str, default: _Int | None = None, *, minimum: _Int | None = None) -> Any:
-        """An integer value, optionally at least ``minimum``."""
+    def int(
+        self, key: _Str, default: _Int | None = None, *, minimum: _Int | None = None, maximum: _Int | None = None
+    ) -> Any:
+        """An integer value, optionally within ``[minimum, maximum]``."""
         value = self._get(key, (_Int,), default, False)
         if value is not None and minimum is not None and value < minimum:
             raise ConfigError(f"{self.where}: key {key!r} must be at least {minimum}, got {value}")
+        if value is not None and maximum is not None and value > maximum:
+            raise ConfigError(f"{self.where}: key {key!r} must be at most {maximum}, got {value}")
         return value
 
-    def duration(self, key: _Str, default: float | None = None) -> Any:
-        """A duration string such as ``"500ms"``, returned in seconds."""
+    def number(
+        self, key: _Str, default: float | None = None, *, minimum: float | None = None, maximum: float | None = None
+    ) -> Any:
+        """A finite number (TOML integer or float), optionally within ``[minimum, maximum]``.
+
+        TOML's ``nan`` and ``inf`` are refused: they pass every ``<`` check unnoticed.
+        """
+        value = self._get(key, (_Int, float), default, False)
+        if value is None:
+            return None
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{self.where}: key {key!r} must be a finite number, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise ConfigError(f"{self.where}: key {key!r} must be at least {minimum:g}, got {value:g}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(f"{self.where}: key {key!r} must be at most {maximum:g}, got {value:g}")
+        return value
+
+    def duration(
+        self, key: _Str, default: float | None = None, *, minimum: float = 0.0, maximum: float = MAX_DURATION
+    ) -> Any:
+        """A duration string such as ``"500ms"``, returned in seconds (finite, within the bounds)."""
         self._seen.add(key)
         if key not in self._table:
             return default
-        return parse_duration(self._table[key], f"{self.where}: key {key!r}")
+        return parse_duration(self._table[key], f"{self.where}: key {key!r}", minimum=minimum, maximum=maximum)
 
     def path(self, key: _Str, default: _Str | Path | None = None, *, base: Path | None = None) -> Any:
         """A filesystem path; relative paths are resolved against ``base`` when given."""

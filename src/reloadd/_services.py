@@ -3,7 +3,8 @@
 One entry point, :func:`services`, starts whatever the configuration enables:
 
 * ``[reloadd] metrics_listen = "127.0.0.1:9464"``: ``/metrics``, ``/healthz``, ``/readyz``
-  (see :mod:`reloadd._http` for what healthy and ready mean);
+  (see :mod:`reloadd._http` for what healthy and ready mean, :mod:`reloadd._webserver`
+  for the connection limits);
 * ``[reloadd] control_socket = "/run/reloadd/control.sock"``: ``reloadd status`` and
   ``reloadd reload`` (see :mod:`reloadd._control`);
 * ``$NOTIFY_SOCKET`` in the environment (systemd ``Type=notify``): ``READY=1`` once the
@@ -37,9 +38,10 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from ._control import ControlServer
-from ._http import Health, LoopMonitor, endpoints, start_http
+from ._http import Health, LoopMonitor, endpoints
 from ._metrics import build_registry
 from ._sdnotify import Notifier, watchdog_interval
+from ._webserver import HttpServer, start_http
 
 if TYPE_CHECKING:
     from ._reloader import Reloader
@@ -59,6 +61,7 @@ class Services:
         registry: The reloader's private metrics registry.
         health: Liveness and readiness, as served on /healthz and /readyz.
         http_address: ``(host, port)`` actually bound for HTTP, or ``None``.
+        http: The HTTP listener (its connection counters), or ``None``.
         control_socket: The control socket path, or ``None``.
         notifier: The systemd notifier (``enabled`` false outside systemd).
     """
@@ -66,6 +69,7 @@ class Services:
     registry: CollectorRegistry
     health: Health
     http_address: tuple[str, int] | None = None
+    http: HttpServer | None = None
     control_socket: Path | None = None
     notifier: Notifier = field(default_factory=Notifier)
 
@@ -156,13 +160,13 @@ async def services(reloader: Reloader, *, notify_socket: str | None = None) -> A
     registry = build_registry(reloader, loop_lag=monitor.value, ready=lambda: health.readiness()[0])
     svc = Services(registry=registry, health=health, notifier=Notifier(notify_socket))
     tasks: list[asyncio.Task[Any]] = [asyncio.create_task(monitor.run(), name="reloadd-loop-monitor")]
-    http: asyncio.Server | None = None
+    http: HttpServer | None = None
     control: ControlServer | None = None
     try:
         if cfg.metrics_listen:
             http = await start_http(cfg.metrics_listen, endpoints(health, registry))
-            host, port = http.sockets[0].getsockname()[:2]
-            svc.http_address = (host, port)
+            svc.http_address = http.address
+            svc.http = http
         if cfg.control_socket:
             def extra() -> dict[str, Any]:
                 ready, doc = health.readiness()  # the same verdict as /readyz
@@ -186,6 +190,5 @@ async def services(reloader: Reloader, *, notify_socket: str | None = None) -> A
         if control is not None:
             await control.close()
         if http is not None:
-            http.close()
-            await http.wait_closed()
+            await http.close()
         svc.notifier.close()

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -20,6 +18,7 @@ from ._consumer import ConsumerContext
 from ._control import query_status, send_reload
 from ._errors import ReloaddError
 from ._logging import configure_logging
+from ._pidfile import remove_pid_file, signal_pid_file, write_pid_file
 from ._plugins import CONSUMER_GROUP, load
 from ._reloader import Reloader
 from ._services import services
@@ -59,8 +58,7 @@ async def _run(cfg: Config) -> None:
         async with services(reloader):
             await reloader.start()
             if cfg.pid_file:  # only now: a SIGHUP before the handler exists would kill us
-                cfg.pid_file.parent.mkdir(parents=True, exist_ok=True)
-                cfg.pid_file.write_text(f"{os.getpid()}\n")
+                write_pid_file(cfg.pid_file)
             log.info("reloadd watching %d consumer(s)", len(cfg.consumers))
             await reloader.serve()
     finally:
@@ -68,8 +66,7 @@ async def _run(cfg: Config) -> None:
             loop.remove_signal_handler(sig)
             signal.signal(sig, handler)
         if cfg.pid_file:
-            with contextlib.suppress(OSError):
-                cfg.pid_file.unlink()
+            remove_pid_file(cfg.pid_file)
 
 
 def _check(cfg: Config) -> list[str]:
@@ -94,10 +91,9 @@ def _reload(cfg: Config) -> int:
         print("reloadd: no pid_file configured under [reloadd]; cannot find the daemon", file=sys.stderr)
         return 1
     try:
-        pid = int(cfg.pid_file.read_text().strip())
-        os.kill(pid, signal.SIGHUP)
-    except (OSError, ValueError) as exc:
-        print(f"reloadd: cannot signal the daemon through {cfg.pid_file}: {exc}", file=sys.stderr)
+        pid = signal_pid_file(cfg.pid_file, signal.SIGHUP)
+    except ReloaddError as exc:
+        print(f"reloadd: cannot signal the daemon: {exc}", file=sys.stderr)
         return 1
     print(f"reloadd: asked pid {pid} for a full resync")
     return 0

@@ -251,7 +251,8 @@ async def test_unwritable_hosts_dir_is_a_transient_error(env: Env) -> None:
     [
         ({"hosts_dirr": "/x"}, "unknown key(s) 'hosts_dirr'"),
         ({"hosts_dir": 5}, "'hosts_dir' must be a string"),
-        ({"notify": {"signal": "SIGNOPE", "pid": 1}}, "unknown signal 'SIGNOPE'"),
+        ({"notify": {"signal": "SIGNOPE", "pid": 1234}}, "unknown signal 'SIGNOPE'"),
+        ({"notify": {"pid": 1}}, "pid"),
         ({"notify": {"url": "ftp://x"}}, "url must be http:// or https://"),
         ({"notify": {"commnd": ["x"]}}, "unknown key(s) 'commnd'"),
         ({"max_file_size": 0}, "must be at least 1"),
@@ -342,5 +343,28 @@ async def test_notify_signals_a_pid_from_a_pid_file(env: Env) -> None:
         drop.write_text(GOOD_A)
         await c.handle(env.batch(drop))
         await asyncio.wait_for(got.wait(), 5)
+    finally:
+        loop.remove_signal_handler(signal.SIGUSR1)
+
+
+@pytest.mark.parametrize("content", ["-1", "0", "1", "garbage", "99999999"])
+async def test_notify_refuses_a_pid_file_naming_no_daemon(
+    env: Env, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pid file holding -1 would signal every process as root: refused, reported, nothing signalled."""
+    got = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, got.set)
+    try:
+        pid_file = env.tmp / "crio.pid"
+        pid_file.write_text(content + "\n")
+        c = env.consumer(notify={"pid_file": str(pid_file), "signal": "SIGUSR1"})
+        drop = env.conf_d / "50.conf"
+        drop.write_text(GOOD_A)
+        await c.handle(env.batch(drop))
+        await asyncio.sleep(0.2)
+        assert not got.is_set()
+        assert c.stats["notify_failures"] == 1
+        assert f"Refusing pid file {pid_file}" in caplog.text
     finally:
         loop.remove_signal_handler(signal.SIGUSR1)

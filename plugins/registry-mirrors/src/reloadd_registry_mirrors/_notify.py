@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reloadd import ConfigError, Options
+from reloadd import ConfigError, Options, ReloaddError, signal_pid_file
 
 __all__ = ["Notifier", "NotifyError"]
 
@@ -56,7 +56,7 @@ class Notifier:
         opts = Options(table, where=where)
         command = tuple(opts.str_list("command"))
         url = opts.str("url", "")
-        pid = opts.int("pid", None, minimum=1)
+        pid = opts.int("pid", None, minimum=2)  # 1 is init; 0 and negatives signal process groups
         pid_file = opts.path("pid_file")
         sig = opts.str("signal", "SIGHUP")
         timeout = opts.duration("timeout", 10.0)
@@ -95,7 +95,7 @@ class Notifier:
         if self.pid or self.pid_file:
             try:
                 self._signal()
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, ReloaddError) as exc:
                 failures.append(f"signal {self.signal}: {exc}")
         if failures:
             raise NotifyError("; ".join(failures))
@@ -126,8 +126,8 @@ class Notifier:
             resp.read()
 
     def _signal(self) -> None:
-        pid = self.pid
-        if pid is None and self.pid_file is not None:
-            pid = int(self.pid_file.read_text().strip())
-        if pid is not None:
-            os.kill(pid, signal.Signals[self.signal])
+        sig = signal.Signals[self.signal]
+        if self.pid_file is not None:  # validated: a regular file, a live process, never 0/1/-1
+            signal_pid_file(self.pid_file, sig, expect=None)
+        elif self.pid is not None:
+            os.kill(self.pid, sig)

@@ -1,0 +1,136 @@
+"""Every duration and number the config reader accepts is finite and in range.
+
+Regression: ``quiet = nan`` (a bare TOML float) passed ``reloadd check``; the watch then
+said "armed" while nothing was ever delivered, because every ``now >= last + nan`` is false.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from reloadd import ConfigError, Options, parse_duration
+from reloadd._config import load_config
+
+pytestmark = pytest.mark.timeout(60)
+
+# (TOML value text, what the error must say)
+BAD_DURATIONS = [
+    ("nan", "expected a duration"),
+    ("+nan", "expected a duration"),
+    ("-nan", "expected a duration"),
+    ("inf", "at most"),
+    ("-inf", "must not be negative"),
+    ('"nan"', "expected a duration"),
+    ('"inf"', "expected a duration"),
+    ('"infs"', "expected a duration"),
+    ('"-1s"', "expected a duration"),
+    ("-1", "must not be negative"),
+    ("-0.5", "must not be negative"),
+    ('"99999999999999h"', "at most"),  # 30d, or 1h for quiet
+    ("1e300", "at most"),
+    ('"721h"', "at most"),
+]
+
+GLOBAL_KEYS = ["quiet", "max_delay", "rescan_interval", "shutdown_grace", "ready_max_age"]
+
+
+def write(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "reloadd.toml"
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+@pytest.mark.parametrize("key", GLOBAL_KEYS)
+@pytest.mark.parametrize(("value", "message"), BAD_DURATIONS)
+def test_global_durations_must_be_finite_and_in_range(tmp_path, key, value, message):
+    p = write(tmp_path, f"[reloadd]\n{key} = {value}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    text = str(err.value)
+    assert f"reloadd.toml [reloadd]: key {key!r}" in text, text
+    assert message in text or "must not be less than" in text, text
+
+
+@pytest.mark.parametrize("key", ["quiet", "max_delay"])
+@pytest.mark.parametrize(("value", "message"), BAD_DURATIONS)
+def test_consumer_durations_must_be_finite_and_in_range(tmp_path, key, value, message):
+    p = write(tmp_path, f'[[consumer]]\nname = "x"\nplugin = "exec"\n{key} = {value}\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(p)
+    text = str(err.value)
+    assert f"reloadd.toml [[consumer]] #1 ('x'): key {key!r}" in text, text
+    assert message in text, text
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('[reloadd]\nquiet = "2h"\nmax_delay = "3h"\n', "key 'quiet': duration must be at most 1h"),
+        ('[reloadd]\nrescan_interval = "1ms"\n', "key 'rescan_interval' must be 0 (off) or at least 100ms"),
+        ('[reloadd]\nready_max_age = "0"\n', "key 'ready_max_age': duration must be at least 1s"),
+        ('[[consumer]]\nname = "x"\nplugin = "exec"\nconcurrency = 9223372036854775807\n',
+         "('x'): key 'concurrency' must be at most 1024"),
+        ('[[consumer]]\nname = "x"\nplugin = "exec"\nconcurrency = 0\n', "('x'): key 'concurrency' must be at least 1"),
+        # a consumer's own quiet is held against the max_delay it inherits, and the reverse
+        ('[[consumer]]\nname = "x"\nplugin = "exec"\nquiet = "10s"\n',
+         "[[consumer]] #1 ('x'): max_delay (5s) must not be less than quiet (10s)"),
+        ('[reloadd]\nquiet = "1s"\n[[consumer]]\nname = "x"\nplugin = "exec"\nmax_delay = "500ms"\n',
+         "[[consumer]] #1 ('x'): max_delay (0.5s) must not be less than quiet (1s)"),
+    ],
+)
+def test_ranges_beyond_finite(tmp_path, body, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, body))
+    assert "reloadd.toml" in str(err.value)
+    assert message in str(err.value)
+
+
+def test_edges_that_stay_valid(tmp_path):
+    cfg = load_config(write(tmp_path, """
+        [reloadd]
+        quiet = "0"
+        max_delay = "720h"
+        rescan_interval = 0
+        shutdown_grace = 0.0
+        ready_max_age = "1s"
+        [[consumer]]
+        name = "x"
+        plugin = "exec"
+        quiet = "1h"
+        concurrency = 1024
+    """))
+    assert (cfg.quiet, cfg.max_delay, cfg.rescan_interval, cfg.shutdown_grace, cfg.ready_max_age) == (
+        0.0, 720 * 3600.0, 0.0, 0.0, 1.0)
+    assert cfg.consumers[0].quiet == 3600.0 and cfg.consumers[0].concurrency == 1024
+
+
+def test_plugin_options_get_the_same_checks():
+    """Plugins read their options through the same reader, so they inherit the checks."""
+    opts = Options({"timeout": float("nan"), "ratio": float("inf"), "n": float("nan")}, where="f.toml consumer 'c'")
+    with pytest.raises(ConfigError, match=r"f\.toml consumer 'c': key 'timeout': expected a duration"):
+        opts.duration("timeout", 1.0)
+    with pytest.raises(ConfigError, match=r"f\.toml consumer 'c': key 'ratio' must be a finite number"):
+        opts.number("ratio")
+    with pytest.raises(ConfigError, match=r"key 'n' must be a finite number"):
+        opts.number("n", minimum=0.0)
+    ok = Options({"r": 2, "t": "90s"}, where="f.toml")
+    assert ok.number("r", maximum=2.0) == 2.0 and ok.duration("t", maximum=90.0) == 90.0
+    with pytest.raises(ConfigError, match=r"key 'r' must be at most 1"):
+        Options({"r": 2}, where="f.toml").number("r", maximum=1.0)
+    with pytest.raises(ConfigError, match=r"f\.toml: key 't': duration must be at least 2m"):
+        Options({"t": "90s"}, where="f.toml").duration("t", minimum=120.0)
+    assert parse_duration(0, "x") == 0.0
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", '"infs"', "-1"])
+def test_check_refuses_non_finite_quiet(tmp_path, value):
+    p = write(tmp_path, f"[reloadd]\nstate_dir = \"{tmp_path / 's'}\"\nquiet = {value}\n")
+    out = subprocess.run([sys.executable, "-m", "reloadd", "check", "--config", str(p)],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"{p} [reloadd]: key 'quiet'" in out.stderr
