@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from reloadd_kube_manifests import ApiError, ApiUnavailable, KubeClient, load_cluster_config
+from reloadd_kube_manifests import ApiError, ApiUnavailable, KubeClient, RequestDropped, load_cluster_config
 from reloadd_kube_manifests._kubeconfig import TokenAuth
 
 from reloadd import ConfigError
@@ -72,6 +72,10 @@ def status(code: int, reason: str) -> dict[str, Any]:
             "message": reason}
 
 
+# The answer to the client's /version probe after a dropped connection.
+VERSION: tuple[int, dict[str, str], dict[str, str]] = (200, {}, {"gitVersion": "v1.20.2"})
+
+
 def client_for(url: str, sleep: Recorder, **kw: Any) -> KubeClient:
     from reloadd_kube_manifests import ClusterConfig
 
@@ -83,6 +87,7 @@ async def test_503_and_429_are_retried_honouring_retry_after(fake_server: Any) -
         (503, {"Retry-After": "2"}, status(503, "ServiceUnavailable")),
         (429, {"Retry-After": "1"}, status(429, "TooManyRequests")),
         "disconnect",
+        VERSION,
         (200, {}, {"kind": "ConfigMap", "metadata": {"name": "x"}}),
     ])
     sleep = Recorder()
@@ -96,7 +101,7 @@ async def test_503_and_429_are_retried_honouring_retry_after(fake_server: Any) -
     assert sleep.delays[:2] == [2.0, 1.0]
     # No Retry-After on a dropped connection: exponential backoff, 0.2 s x 2^2 with ±50 % jitter.
     assert len(sleep.delays) == 3 and 0.4 <= sleep.delays[2] <= 1.2
-    assert len(seen) == 4
+    assert [r.method for r in seen] == ["PATCH", "PATCH", "PATCH", "GET", "PATCH"]
     assert seen[0].headers["Content-Type"] == "application/apply-patch+yaml"
     assert seen[0].query["fieldManager"] == "reloadd" and seen[0].query["force"] == "true"
 
@@ -112,6 +117,77 @@ async def test_retries_give_up_as_a_transient_error_and_cap_retry_after(fake_ser
         await client.close()
     assert sleep.delays == [5.0, 5.0]
     assert len(seen) == 3
+
+
+async def test_a_request_the_server_keeps_dropping_is_refused_after_three_drops(fake_server: Any) -> None:
+    # The real v1.20.2 server drops the connection on an APIService apply (a handler panic); only a fake
+    # server can say exactly how many requests reached it. Each drop is followed by a GET /version probe.
+    url, seen = await fake_server(["disconnect", VERSION] * 6)
+    sleep = Recorder()
+    client = client_for(url, sleep)
+    try:
+        with pytest.raises(RequestDropped, match=r"dropped the connection 3 times in a row: .*Server disconnected"):
+            await client.apply("/apis/x/v1/things/t", {"kind": "Thing"}, manager="reloadd", force=True,
+                               dry_run=False)
+    finally:
+        await client.close()
+    assert [r.method for r in seen] == ["PATCH", "GET"] * 3
+    assert {r.path for r in seen if r.method == "GET"} == {"/version"}
+    assert len(sleep.delays) == 2 and all(d <= 0.6 for d in sleep.delays)
+
+
+async def test_drops_interrupted_by_an_answer_stay_transient(fake_server: Any) -> None:
+    overloaded = (503, {"Retry-After": "1"}, status(503, "ServiceUnavailable"))
+    url, seen = await fake_server(["disconnect", VERSION, "disconnect", VERSION, overloaded] * 2)
+    client = client_for(url, Recorder())
+    try:
+        with pytest.raises(ApiUnavailable, match="gave up after 6 attempts"):
+            await client.apply("/apis/x/v1/things/t", {"kind": "Thing"}, manager="reloadd", force=True,
+                               dry_run=False)
+    finally:
+        await client.close()
+    assert [r.method for r in seen].count("PATCH") == 6
+
+
+async def test_a_drop_while_the_server_is_down_is_not_held_against_the_request() -> None:
+    # A killed or restarting server (or a load balancer with no backend) drops connections too: the
+    # /version probe fails then, and the drop does not count.
+    state = {"patches": 0, "down": False}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.method == "PATCH":
+            state["patches"] += 1
+            state["down"] = state["patches"] == 1  # down after the first drop, back for the next ones
+            if state["patches"] <= 3:
+                assert request.transport is not None
+                request.transport.close()
+                return web.Response()
+            return web.json_response({"kind": "Thing"})
+        if state["down"]:
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()
+        return web.json_response(VERSION[2])
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    client = client_for(f"http://127.0.0.1:{runner.addresses[0][1]}", Recorder())
+    try:
+        body = await client.apply("/apis/x/v1/things/t", {"kind": "Thing"}, manager="reloadd", force=True,
+                                  dry_run=False)
+        refused = client_for("http://127.0.0.1:9", Recorder(), attempts=4)  # nothing listens: never connected
+        with pytest.raises(ApiUnavailable, match="gave up after 4 attempts"):
+            await refused.get("/api/v1/namespaces")
+        await refused.close()
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert body == {"kind": "Thing"}
+    assert state["patches"] == 4 and client.stats["dropped"] == 2
 
 
 async def test_client_errors_are_not_retried_and_plain_404_is_flagged(fake_server: Any) -> None:

@@ -106,3 +106,23 @@ def test_options_defaults_and_validation(tmp_path: Path) -> None:
         create(ctx(tmp_path, forse=False))
     with pytest.raises(ConfigError, match="'force' must be a boolean"):
         create(ctx(tmp_path, force="yes"))
+
+
+async def test_claims_spare_what_another_file_wants_and_make_it_wait_for_a_delete_pass() -> None:
+    import asyncio
+
+    from reloadd_kube_manifests._applyset import ObjRef
+    from reloadd_kube_manifests._claims import Claims
+
+    a, b, c = (ObjRef("", "ConfigMap", "ns", n) for n in "abc")
+    claims = Claims()
+    await claims.want("new", {a})
+    with claims.deleting("old", [a, b], lambda r: r, keep={c}) as doomed:
+        assert doomed == [b]  # a is wanted by "new"
+        waiter = asyncio.create_task(claims.want("other", {b, c}))
+        await asyncio.sleep(0)
+        assert not waiter.done(), "an apply of b went ahead while b was being deleted"
+    await asyncio.wait_for(waiter, 1)
+    claims.forget("new")
+    with claims.deleting("old", [a, b], lambda r: r) as doomed:
+        assert doomed == [a]

@@ -13,6 +13,7 @@ Configure it as::
     namespace = "kube-system"                  # where the ApplySet parents live
     prune = true
     dry_run = false
+    concurrency = 4                            # batches at once: a stuck file does not hold back the rest
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from reloadd import ConsumerContext
 
 from ._applyset import LABEL_ID, LABEL_PART_OF, applyset_id, parent_name
-from ._client import ApiError, ApiUnavailable, KubeClient
+from ._client import ApiError, ApiUnavailable, KubeClient, RequestDropped
 from ._consumer import KubeManifestsConsumer
 from ._discovery import Discovery, Resource
 from ._kubeconfig import ClusterConfig, load_cluster_config
@@ -38,6 +39,7 @@ __all__ = [
     "KubeManifestsConsumer",
     "Manifest",
     "ManifestError",
+    "RequestDropped",
     "Resource",
     "Settings",
     "applyset_id",

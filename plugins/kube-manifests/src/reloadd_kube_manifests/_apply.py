@@ -7,8 +7,9 @@ Apply, for one file::
     → prune members that left the file → write parent (new sets, content hash, inventory)
 
 Error policy (per object, the rest of the file is still applied): a document that cannot be parsed, or an
-object the server refuses (409 conflict with ``force`` off, 422, 403, 500 schema errors) is a *permanent*
-error of the file; overload, a namespace or custom kind that does not exist yet are *transient*. While any
+object the server refuses (409 conflict with ``force`` off, 422, 403, 500 schema errors, a request that
+drops the connection again and again) is a *permanent* error of the file; overload, a namespace or custom
+kind that does not exist yet, an aggregated API that is unavailable are *transient*. While any
 document of the file could not be parsed, pruning is held back: the broken document's objects are unknown,
 so deleting "everything not in the file" could delete objects the user still wants.
 """
@@ -24,12 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._applyset import LABEL_PART_OF, ObjRef, ParentState, applyset_id, parent_body, parent_name, read_parent
-from ._client import ApiError, KubeClient
+from ._claims import Claims
+from ._client import ApiError, ApiUnavailable, KubeClient
 from ._discovery import Discovery, Resource, split_api_version
 from ._manifests import Manifest, ManifestObject
 from ._ordering import rank
 from ._outcome import FileOutcome
-from ._prune import delete_members, inventory_members, list_members
+from ._prune import Scan, delete_members, inventory_members, list_members
 from ._settings import Settings
 
 __all__ = ["Applier"]
@@ -62,6 +64,9 @@ class Applier:
         tooling: The ApplySet ``tooling`` annotation, ``reloadd/<version>``.
         logger: Where to log.
         sleep: Injectable for tests.
+
+    Attributes:
+        claims: What each file wants, shared by concurrent batches (see ``_claims``).
     """
 
     def __init__(
@@ -83,6 +88,7 @@ class Applier:
         self.log = logger or logging.getLogger(__name__)
         self._sleep = sleep
         self._sem = asyncio.Semaphore(settings.parallel)
+        self.claims = Claims()
 
     # --- parent --------------------------------------------------------------------------------------
     def _parent_path(self, name: str) -> str:
@@ -174,24 +180,33 @@ class Applier:
     async def _apply_one(self, plan: _Planned, set_id: str, out: FileOutcome) -> bool:
         async with self._sem:
             res = plan.resource
+            unavailable = self.discovery.problem(plan.obj.api_version)
             if res is None and plan.from_crd and not self.settings.dry_run:
                 res = await self._wait_served(plan)
-            elif res is None:
+            elif res is None and unavailable is None:
                 self.discovery.invalidate(plan.ref.group)
                 res = await self.discovery.resolve(plan.obj.api_version, plan.obj.kind)
+                unavailable = self.discovery.problem(plan.obj.api_version)
             if res is None:
+                if unavailable is not None:
+                    out.transient.append(f"{plan.label}: waiting for its API: {unavailable}")
+                    return False
                 why = "its CRD is not applied" if self.settings.dry_run and plan.from_crd else "unknown kind"
                 out.transient.append(
                     f"{plan.label}: {why}: {plan.obj.kind} is not served in {plan.obj.api_version}"
                 )
                 return False
+            warnings: list[str] = []
             for attempt in (1, 2):
                 try:
                     await self.client.apply(
                         res.path(plan.ref.namespace or None, plan.ref.name), self._body(plan, res, set_id),
                         manager=self.settings.field_manager, force=self.settings.force,
-                        dry_run=self.settings.dry_run,
+                        dry_run=self.settings.dry_run, warnings=warnings,
                     )
+                except ApiUnavailable as exc:
+                    out.transient.append(f"{plan.label}: {exc}")
+                    return False
                 except ApiError as exc:
                     if exc.not_served and attempt == 1:
                         self.discovery.invalidate(plan.ref.group)  # stale cache: the kind went away
@@ -202,6 +217,7 @@ class Applier:
                     self._record_error(plan, exc, out)
                     return False
                 out.applied += 1
+                out.warnings.extend(f"{plan.label}: {w}" for w in warnings)
                 return True
             return False  # pragma: no cover - the loop always returns
 
@@ -249,9 +265,11 @@ class Applier:
         set_id = applyset_id(name, self.settings.namespace)
         out = FileOutcome(f"{self.settings.namespace}/{name}", set_id, manifest.sha256)
         out.errors.extend(str(e) for e in manifest.errors)
+        out.unreadable = len(manifest.errors)
         old, _uid = await self._read_parent(name)
         plans = await self._plan(manifest, out)
         desired = out.desired = {p.ref for p in plans}
+        await self.claims.want(key, desired)  # before anything is relabelled: no other file deletes these now
         new_gks = {r.group_kind for r in desired}
         new_nss = {r.namespace for r in desired if r.namespace}
         if not old.exists or not (
@@ -267,23 +285,21 @@ class Applier:
         elif manifest.errors:
             out.pruning_held = "the file has documents that could not be read"
         else:
+            scan: Scan
             if thorough:
-                members, notes, errors = await list_members(
-                    self.client, self.discovery, set_id, final_gks, final_nss
-                )
-                for note in notes:
+                scan = await list_members(self.client, self.discovery, set_id, final_gks, final_nss)
+                for note in scan.notes:
                     self.log.info("Pruning %s: %s", source, note)
             else:
-                members, errors = await inventory_members(
-                    self.client, self.discovery, set_id, old.inventory - desired
-                )
-            deleted, delete_errors = await delete_members(
-                self.client, [m for m in members if m.ref not in desired], dry_run=self.settings.dry_run
-            )
+                scan = await inventory_members(self.client, self.discovery, set_id, old.inventory - desired)
+            leaving = [m for m in scan.members if m.ref not in desired]
+            with self.claims.deleting(key, leaving, lambda m: m.ref) as doomed:
+                deleted, delete_errors = await delete_members(self.client, doomed, dry_run=self.settings.dry_run)
             out.pruned.extend(str(r) for r in deleted)
-            errors += delete_errors
+            errors = scan.errors + delete_errors
             out.errors.extend(errors)
-            if not errors:
+            out.transient.extend(scan.waiting)  # kept in the parent below, looked at again on the retry
+            if not errors and not scan.waiting:
                 final_gks, final_nss, final_inventory = new_gks, new_nss, desired
         await self._write_parent(name, final_gks, final_nss, source, manifest.sha256, final_inventory)
         return out
@@ -291,25 +307,25 @@ class Applier:
     async def remove_file(self, key: str, keep: Collection[ObjRef] = ()) -> FileOutcome:
         """Delete everything the ApplySet of ``key`` holds (found by label), then its parent.
 
-        Objects in ``keep`` (declared by files applied in the same batch: the target of a rename whose
-        relabelling failed for some object) are left alone.
+        Objects another file wants (the target of a rename whose relabelling failed for some object, or
+        a file that declares the same object) and objects in ``keep`` are left alone.
         """
+        self.claims.forget(key)
         name = parent_name(key)
         set_id = applyset_id(name, self.settings.namespace)
         out = FileOutcome(f"{self.settings.namespace}/{name}", set_id)
         state, uid = await self._read_parent(name)
         if self.settings.prune and state.group_kinds:
-            members, notes, list_errors = await list_members(
-                self.client, self.discovery, set_id, state.group_kinds, state.namespaces
-            )
-            for note in notes:
+            scan = await list_members(self.client, self.discovery, set_id, state.group_kinds, state.namespaces)
+            for note in scan.notes:
                 self.log.info("Removing the objects of %s: %s", key, note)
-            members = [m for m in members if m.ref not in keep]
-            deleted, errors = await delete_members(self.client, members, dry_run=self.settings.dry_run)
+            with self.claims.deleting(key, scan.members, lambda m: m.ref, keep) as doomed:
+                deleted, errors = await delete_members(self.client, doomed, dry_run=self.settings.dry_run)
             out.pruned.extend(str(r) for r in deleted)
-            errors = list_errors + errors
+            errors = scan.errors + errors
             out.errors.extend(errors)
-            if errors:
+            out.transient.extend(scan.waiting)
+            if errors or scan.waiting:
                 return out  # keep the parent: it is how a later pass finds the leftovers
         if uid:
             await self.client.delete(self._parent_path(name), uid=uid, dry_run=self.settings.dry_run)

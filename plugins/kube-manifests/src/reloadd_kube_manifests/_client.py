@@ -3,10 +3,21 @@
 It does exactly what the applier needs and maps every HTTP outcome at this boundary::
 
     ApiError (PermanentError)       a definite answer the same request cannot change (4xx, 500)
+     └─ RequestDropped               the server dropped the connection on this request N times in a row
     ApiUnavailable (TransientError) 429/502/503/504 or connection loss, still failing after retries
 
 429 and 5xx overload answers (and connection loss) are retried here with exponential backoff and jitter,
-honouring ``Retry-After``. A 401 reloads the credentials once (rotated tokens, expired exec tokens).
+honouring ``Retry-After`` (capped). A 401 reloads the credentials once (rotated tokens, expired exec tokens).
+
+A server that accepts the connection and then drops it, on the same request, several times in a row while
+it answers other requests is not overloaded: the request itself crashes its handler (kube-apiserver v1.20
+panics on a server-side apply of an ``APIService``). Retrying it forever only crashes the handler again, so
+after ``drop_limit`` such drops in a row the request fails with :class:`RequestDropped`, a permanent error.
+After each drop the server is asked for ``/version``; a drop while the server does not answer that (killed,
+restarting, a load balancer without backends), a failure to connect, or any answer breaks the run.
+
+``Warning:`` response headers (RFC 7234 style, ``299 - "text"``; deprecated APIs) are parsed and handed to
+the caller that asks for them.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ import asyncio
 import email.utils
 import json
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -25,7 +37,7 @@ from reloadd import PermanentError, TransientError
 
 from ._kubeconfig import ClusterConfig
 
-__all__ = ["APPLY_PATCH", "ApiError", "ApiUnavailable", "KubeClient"]
+__all__ = ["APPLY_PATCH", "ApiError", "ApiUnavailable", "KubeClient", "RequestDropped", "parse_warning"]
 
 APPLY_PATCH = "application/apply-patch+yaml"
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -64,8 +76,47 @@ class ApiError(PermanentError):
         return self.status == 404 and self.plain
 
 
+class RequestDropped(ApiError):
+    """The server dropped the connection on the same request several times in a row.
+
+    Attributes:
+        drops: How many times in a row.
+    """
+
+    def __init__(self, message: str, drops: int) -> None:
+        super().__init__(0, "", message, [], True)
+        self.drops = drops
+        self.args = (f"the server dropped the connection {drops} times in a row: {message}",)
+
+
 class ApiUnavailable(TransientError):
-    """The API server was unreachable or overloaded through every retry."""
+    """The API server was unreachable or overloaded through every retry.
+
+    Attributes:
+        last: The last failure alone, e.g. ``503 service unavailable`` (the message adds request and tries).
+    """
+
+    def __init__(self, message: str, last: str = "") -> None:
+        super().__init__(message)
+        self.last = last or message
+
+
+_WARNING = re.compile(r'^\s*\d{3}\s+\S+\s+"((?:[^"\\]|\\.)*)"')
+
+
+def parse_warning(value: str) -> str:
+    """The text of a ``Warning`` header value (``299 - "text"`` → ``text``); the raw value if malformed."""
+    match = _WARNING.match(value)
+    if match is None:
+        return value.strip()
+    return re.sub(r"\\(.)", r"\1", match.group(1))
+
+
+def _dropped(exc: BaseException) -> bool:
+    """Whether ``exc`` means the server took the request and then closed the connection."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False  # never connected: the server is down or restarting
+    return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -101,6 +152,7 @@ class KubeClient:
         config: Server, TLS and credentials.
         user_agent: Sent with every request.
         attempts: Tries per request for retryable failures.
+        drop_limit: Connection drops in a row on one request that make it a :class:`RequestDropped`.
         backoff: First retry delay in seconds (doubled each time, with jitter).
         max_delay: Cap on any one delay, ``Retry-After`` included.
         timeout: Seconds for one HTTP exchange.
@@ -113,6 +165,7 @@ class KubeClient:
         *,
         user_agent: str = "reloadd",
         attempts: int = 6,
+        drop_limit: int = 3,
         backoff: float = 0.2,
         max_delay: float = 30.0,
         timeout: float = 30.0,
@@ -121,12 +174,13 @@ class KubeClient:
         self.config = config
         self.user_agent = user_agent
         self.attempts = attempts
+        self.drop_limit = drop_limit
         self.backoff = backoff
         self.max_delay = max_delay
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self._sleep = sleep
         self._session: aiohttp.ClientSession | None = None
-        self.stats: dict[str, float] = {"requests": 0, "retries": 0}
+        self.stats: dict[str, float] = {"requests": 0, "retries": 0, "dropped": 0}
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -150,16 +204,30 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        attempts: int | None = None,
+        warnings: list[str] | None = None,
     ) -> Any:
         """Send a request and return the parsed JSON body.
 
+        Args:
+            method: HTTP method.
+            path: URL path on the server.
+            params: Query parameters.
+            body: JSON-able request body.
+            content_type: Of the body.
+            attempts: Overrides the client's tries for this request (1 = no retry).
+            warnings: When given, the texts of the final response's ``Warning`` headers are appended.
+
         Raises:
             ApiError: for an error status that retrying cannot change.
+            RequestDropped: when the server dropped the connection ``drop_limit`` times in a row.
             ApiUnavailable: when every attempt met a connection error, 429 or 502/503/504.
         """
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        limit = self.attempts if attempts is None else max(1, attempts)
         reauthed = False
         attempt = 0
+        drops = 0
         while True:
             attempt += 1
             delay: float | None
@@ -178,10 +246,21 @@ class KubeClient:
                     text = await resp.text(errors="replace")
                     status = resp.status
                     retry_after = _retry_after(resp.headers.get("Retry-After"))
+                    warned = [parse_warning(v) for v in resp.headers.getall("Warning", ())]
             except (aiohttp.ClientError, TimeoutError) as exc:
-                problem = f"{method} {path}: {type(exc).__name__}: {exc}"
+                last = f"{type(exc).__name__}: {exc}"
                 delay = None
+                if _dropped(exc) and await self._alive():
+                    drops += 1
+                    self.stats["dropped"] += 1
+                    if drops >= self.drop_limit:
+                        raise RequestDropped(last, drops) from exc
+                else:
+                    drops = 0  # the server itself is down (or restarting): not this request's fault
             else:
+                drops = 0
+                if warnings is not None and status != 401:
+                    warnings.extend(w for w in warned if w not in warnings)
                 if status < 300:
                     return json.loads(text) if text else None
                 if status == 401 and not reauthed:
@@ -191,29 +270,57 @@ class KubeClient:
                     continue
                 if status not in _RETRY_STATUSES:
                     raise _error(status, text)
-                problem = f"{method} {path}: {_error(status, text)}"
+                last = str(_error(status, text))
                 delay = retry_after
-            if attempt >= self.attempts:
-                raise ApiUnavailable(f"{problem} (gave up after {attempt} attempts)")
+            if attempt >= limit:
+                raise ApiUnavailable(f"{method} {path}: {last} (gave up after {attempt} attempts)", last)
             if delay is None:
                 delay = self.backoff * 2 ** (attempt - 1) * (0.5 + random.random())
             self.stats["retries"] += 1
             await self._sleep(min(delay, self.max_delay))
 
-    async def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
-        """GET ``path``."""
-        return await self.request("GET", path, params=params)
+    async def _alive(self) -> bool:
+        """Whether the server answers a cheap request (``/version``, readable by anyone) with any status.
+
+        Asked after a dropped connection: a server that answers dropped *that request*; one that does not
+        (killed, restarting, or a load balancer with no backend left) is down, which is no request's fault.
+        """
+        self.stats["requests"] += 1
+        try:
+            async with self._get_session().get(
+                self.config.server + "/version", server_hostname=self.config.server_hostname,
+                timeout=aiohttp.ClientTimeout(total=5.0),
+            ) as resp:
+                await resp.read()
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+        return True
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None, *, attempts: int | None = None) -> Any:
+        """GET ``path`` (``attempts`` overrides the client's tries)."""
+        return await self.request("GET", path, params=params, attempts=attempts)
 
     async def apply(
-        self, path: str, obj: Mapping[str, Any], *, manager: str, force: bool, dry_run: bool
+        self,
+        path: str,
+        obj: Mapping[str, Any],
+        *,
+        manager: str,
+        force: bool,
+        dry_run: bool,
+        warnings: list[str] | None = None,
     ) -> Any:
-        """Server-side apply ``obj`` at its object URL ``path`` (creates it when missing)."""
+        """Server-side apply ``obj`` at its object URL ``path`` (creates it when missing).
+
+        ``warnings``, when given, receives the server's ``Warning`` header texts (deprecated APIs).
+        """
         params = {"fieldManager": manager}
         if force:
             params["force"] = "true"
         if dry_run:
             params["dryRun"] = "All"
-        return await self.request("PATCH", path, params=params, body=obj, content_type=APPLY_PATCH)
+        return await self.request("PATCH", path, params=params, body=obj, content_type=APPLY_PATCH,
+                                  warnings=warnings)
 
     async def delete(self, path: str, *, uid: str | None, dry_run: bool) -> None:
         """Delete the object at ``path`` (background propagation, guarded by ``uid``); 404 is success."""

@@ -7,6 +7,11 @@ and come back when the ``.skip`` file goes). Each file is one ApplySet (see ``_a
 Within a batch, files that exist are applied before deleted files are removed, so a rename (delete +
 add in one batch) re-labels the objects into the new file's set before the old set is emptied, and
 nothing is deleted.
+
+Batches run concurrently (``concurrency``, default 4), so a file stuck in retries does not hold back the
+others. What they share is safe for that: discovery refreshes under its own lock, each file is its own
+ApplySet, and no delete pass removes an object another file wants (see ``_claims``), so a rename or a move
+split over two batches deletes nothing.
 """
 
 from __future__ import annotations
@@ -59,15 +64,17 @@ class KubeManifestsConsumer(BaseConsumer):
     def __init__(self, ctx: ConsumerContext, settings: Settings) -> None:
         super().__init__(ctx)
         self.settings = settings
+        self.concurrency = settings.concurrency
         self.client: KubeClient | None = None
         self.discovery: Discovery | None = None
         self.applier: Applier | None = None
         self._discovered = False
+        self._ready_lock = asyncio.Lock()
+        self._warned: dict[Path, str] = {}  # content hash whose server warnings were reported, per file
         self._resync: asyncio.Task[None] | None = None
-        self._files = asyncio.Semaphore(_FILES_AT_ONCE)
         self.stats: dict[str, float] = {
             "files_applied": 0, "files_removed": 0, "files_failed": 0,
-            "objects_applied": 0, "objects_pruned": 0, "api_requests": 0, "api_retries": 0,
+            "objects_applied": 0, "objects_pruned": 0, "api_requests": 0, "api_retries": 0, "api_dropped": 0,
         }
 
     # --- selection -----------------------------------------------------------------------------------
@@ -128,18 +135,29 @@ class KubeManifestsConsumer(BaseConsumer):
             await self.client.close()
 
     async def _ready(self) -> Applier:
-        if self.applier is None or self.discovery is None:
-            await self.start()
-        assert self.applier is not None and self.discovery is not None
-        if not self._discovered:
-            await self.discovery.load()
-            self._discovered = True
-        return self.applier
+        async with self._ready_lock:  # concurrent batches: connect and discover once
+            if self.applier is None or self.discovery is None:
+                await self.start()
+            assert self.applier is not None and self.discovery is not None
+            if not self._discovered:
+                await self.discovery.load()
+                self._discovered = True
+            return self.applier
 
     # --- handling ------------------------------------------------------------------------------------
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
         """Apply existing files (concurrently), then remove deleted ones."""
-        applier = await self._ready()
+        try:
+            applier = await self._ready()
+        except TransientError as exc:
+            self.log.warning("Failed to read the API server's discovery (will retry): %s", exc)
+            self.log.debug("Discovery failure", exc_info=True)
+            return {c.path: Retry(f"API discovery: {exc}") for c in batch.changes}
+        except ReloaddError as exc:
+            self.log.warning("Failed to read the API server's discovery (retried on the next change or SIGHUP): %s",
+                             exc)
+            self.log.debug("Discovery failure", exc_info=True)
+            return {c.path: Reject(f"API discovery: {exc}") for c in batch.changes}
         results: dict[Path, Result] = {}
         live = [c for c in batch.changes if c.kind is not ChangeKind.DELETED]
         gone = [c for c in batch.changes if c.kind is ChangeKind.DELETED]
@@ -151,9 +169,10 @@ class KubeManifestsConsumer(BaseConsumer):
             self.ctx.trigger([c.path.with_suffix("") for c in skip_markers])
 
         claimed: set[ObjRef] = set()  # what the batch's existing files declare: never removed below
+        files = asyncio.Semaphore(_FILES_AT_ONCE)
 
         async def one(change: Change) -> None:
-            async with self._files:
+            async with files:
                 results[change.path] = await self._one(applier, change, claimed)
 
         await asyncio.gather(*(one(c) for c in live if c.path.suffix.lower() != SKIP_SUFFIX))
@@ -162,11 +181,13 @@ class KubeManifestsConsumer(BaseConsumer):
                 results[c.path] = await self._one(applier, c, claimed)
         self.stats["api_requests"] = applier.client.stats["requests"]
         self.stats["api_retries"] = applier.client.stats["retries"]
+        self.stats["api_dropped"] = applier.client.stats["dropped"]
         return results
 
     async def _one(self, applier: Applier, change: Change, claimed: set[ObjRef]) -> Result:
         path = change.path
         skipped = change.kind is not ChangeKind.DELETED and path.with_name(path.name + SKIP_SUFFIX).exists()
+        verb = "remove" if change.kind is ChangeKind.DELETED or skipped else "apply"
         try:
             if change.kind is ChangeKind.DELETED or skipped:
                 out = await applier.remove_file(self.key(path), keep=claimed)
@@ -186,19 +207,36 @@ class KubeManifestsConsumer(BaseConsumer):
             claimed.update(out.desired)
             self.stats["files_applied"] += 1
             self.stats["objects_applied"] += out.applied
+            await self._warn(path, out, previous)
             return await self._result(path, out, out.to_data(), "apply")
         except ManifestError as exc:
             self.stats["files_failed"] += 1
-            self.log.warning("Failed to apply %s: %s", path, exc)
+            self.log.warning("Failed to apply %s (retried when it changes, or on SIGHUP): %s", path, exc)
             return Reject(str(exc))
         except TransientError as exc:
-            self.log.warning("Failed to %s %s (will retry): %s", "apply" if change.fingerprint else "remove",
-                             path, exc)
+            self.log.warning("Failed to %s %s (will retry): %s", verb, path, exc)
+            self.log.debug("Failure of %s", path, exc_info=True)
             return Retry(str(exc))
         except ReloaddError as exc:
             self.stats["files_failed"] += 1
-            self.log.warning("Failed to %s %s: %s", "apply" if change.fingerprint else "remove", path, exc)
+            self.log.warning("Failed to %s %s (retried when it changes, or on SIGHUP): %s", verb, path, exc)
+            self.log.debug("Failure of %s", path, exc_info=True)
             return Reject(str(exc))
+
+    async def _warn(self, path: Path, out: FileOutcome, previous: Mapping[str, object] | None) -> None:
+        """Report the server's warnings (deprecated APIs) once per file content: a log line and an Event."""
+        if not out.warnings:
+            self._warned.pop(path, None)
+            return
+        seen = self._warned.get(path) == out.sha256 or (
+            previous is not None and previous.get("sha256") == out.sha256 and previous.get("warnings") == out.warnings
+        )
+        self._warned[path] = out.sha256
+        if seen:
+            return
+        text = "; ".join(out.warnings)
+        self.log.warning("The API server warned about %s: %s", path, text)
+        await self._event(out, "ApplyWarning", f"{path}: {text}")
 
     async def _event(self, out: FileOutcome, reason: str, message: str) -> None:
         if self.client is None or self.settings.dry_run:
@@ -217,7 +255,8 @@ class KubeManifestsConsumer(BaseConsumer):
             return Retry(out.summary())
         if out.errors:
             self.stats["files_failed"] += 1
-            self.log.warning("Failed to %s %s: %s", verb, path, out.summary())
+            self.log.warning("Failed to %s %s (retried when it changes, or on SIGHUP): %s", verb, path,
+                             out.summary())
             return Reject(out.summary(), data)
         self.log.info("%s %s: %d applied, %d pruned", "Applied" if verb == "apply" else "Removed", path,
                       out.applied, len(out.pruned))

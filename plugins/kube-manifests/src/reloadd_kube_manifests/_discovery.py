@@ -4,6 +4,13 @@ The classic walk (``/api``, ``/api/v1``, ``/apis``, ``/apis/<g>/<v>``) works on 
 aggregated discovery is a later optimisation 1.20 does not have. The cache of a group/version is refreshed
 when a lookup misses (rate-limited, so a manifest full of unknown kinds cannot hammer the server) and
 forcibly after a CRD of that group becomes established.
+
+Discovery degrades per group/version, as kubectl's does: an aggregated API whose backend is down (an
+``APIService`` answering 503, e.g. metrics-server on k3s) only makes *that* group/version unknown, with the
+reason kept (:meth:`Discovery.problem`), so its objects wait while everything else is applied. A
+group/version document of a named group is fetched once, without the client's backoff (nor its wait for
+``Retry-After``): the aggregator's 503 is immediate, and retrying it for seconds would hold back every file
+that needs discovery. The engine's own retry of the waiting file reads it again.
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from ._client import ApiError, KubeClient
+from reloadd import ReloaddError
+
+from ._client import ApiError, ApiUnavailable, KubeClient
 
 __all__ = ["Discovery", "Resource", "split_api_version"]
 
@@ -73,30 +82,47 @@ class Discovery:
     Args:
         client: The REST client.
         min_refresh: Minimum seconds between two refreshes of one group/version on a miss.
+        gv_attempts: Tries for one group/version document (1 = no retry).
         clock: Injectable monotonic clock.
     """
 
     def __init__(
-        self, client: KubeClient, *, min_refresh: float = 1.0, clock: Callable[[], float] = time.monotonic
+        self,
+        client: KubeClient,
+        *,
+        min_refresh: float = 1.0,
+        gv_attempts: int = 1,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
         self._min_refresh = min_refresh
+        self._gv_attempts = gv_attempts
         self._clock = clock
         self._by_gv: dict[tuple[str, str], dict[str, Resource]] = {}
+        self._problems: dict[tuple[str, str], str] = {}
+        self._versions: dict[str, list[str]] = {}
         self._fetched: dict[tuple[str, str], float] = {}
         self._preferred: dict[str, str] = {"": "v1"}
         self._groups_fetched = -1e9
         self._lock = asyncio.Lock()
 
     async def load(self) -> None:
-        """Walk all groups and versions once (unreachable aggregated APIs are skipped)."""
+        """Walk all groups and versions once.
+
+        A group/version that cannot be read (an unavailable aggregated API) is recorded as a problem
+        and skipped; only the group list itself (the API server's own ``/apis``) must answer.
+
+        Raises:
+            ApiUnavailable: when the API server itself stays unreachable.
+            ApiError: when it refuses the group list (e.g. 401/403).
+        """
         await self._load_groups()
         gvs = [("", "v1")] + [(g, v) for g, vs in self._versions.items() for v in vs]
         await asyncio.gather(*(self._load_gv(g, v) for g, v in gvs))
 
     async def _load_groups(self) -> None:
         body = await self._client.get("/apis")
-        self._versions: dict[str, list[str]] = {}
+        self._versions = {}
         for grp in body.get("groups") or ():
             name = str(grp.get("name"))
             self._versions[name] = [str(v.get("version")) for v in grp.get("versions") or ()]
@@ -106,14 +132,25 @@ class Discovery:
         self._groups_fetched = self._clock()
 
     async def _load_gv(self, group: str, version: str) -> None:
-        self._fetched[(group, version)] = self._clock()
+        gv = (group, version)
+        self._fetched[gv] = self._clock()
         try:
-            body = await self._client.get(_gv_path(group, version))
+            # The core group is the API server itself: give it the client's full retries.
+            body = await self._client.get(_gv_path(group, version), attempts=None if not group else self._gv_attempts)
         except ApiError as exc:
-            if exc.status in (404, 503):
-                self._by_gv[(group, version)] = {}
+            if exc.status == 404:
+                self._by_gv[gv] = {}
+                self._problems.pop(gv, None)
                 return
-            raise
+            self._unreadable(gv, str(exc))
+            return
+        except ApiUnavailable as exc:  # the aggregated API's backend is down, or overloaded
+            self._unreadable(gv, exc.last)
+            return
+        except ReloaddError as exc:
+            self._unreadable(gv, str(exc))
+            return
+        self._problems.pop(gv, None)
         kinds: dict[str, Resource] = {}
         for res in body.get("resources") or ():
             name = str(res.get("name"))
@@ -122,7 +159,23 @@ class Discovery:
             kinds[str(res.get("kind"))] = Resource(
                 group, version, str(res.get("kind")), name, bool(res.get("namespaced"))
             )
-        self._by_gv[(group, version)] = kinds
+        self._by_gv[gv] = kinds
+
+    def _unreadable(self, gv: tuple[str, str], why: str) -> None:
+        """Remember why ``gv`` could not be read; keep what an earlier read found (it is the best guess)."""
+        self._by_gv.setdefault(gv, {})
+        self._problems[gv] = f"{gv[0] + '/' if gv[0] else ''}{gv[1]} is unavailable ({why})"
+
+    def problem(self, api_version: str) -> str | None:
+        """Why ``apiVersion`` could not be discovered last time it was read (``None`` if it was read)."""
+        return self._problems.get(split_api_version(api_version))
+
+    def group_problem(self, group: str) -> str | None:
+        """Why ``group`` cannot be looked at: its preferred version (or, lacking one, any version) is unavailable."""
+        pref = self._preferred.get(group)
+        if pref is not None:
+            return self._problems.get((group, pref))
+        return next((why for (g, _v), why in sorted(self._problems.items()) if g == group), None)
 
     async def resolve(self, api_version: str, kind: str) -> Resource | None:
         """The resource for ``apiVersion``/``kind``, refreshing a stale miss; ``None`` if not served."""

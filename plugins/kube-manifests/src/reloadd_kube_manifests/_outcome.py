@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._applyset import ObjRef
 
 __all__ = ["FileOutcome"]
+
+_DOC = re.compile(r"doc (\d+) ")
+
+
+def _document_order(message: str) -> float:
+    """The document a message is about (messages about no document, such as pruning, go last)."""
+    match = _DOC.match(message)
+    return int(match.group(1)) if match else float("inf")
 
 
 @dataclass
@@ -23,6 +32,8 @@ class FileOutcome:
         errors: Permanent problems, each naming document, object and cause.
         transient: Problems worth retrying (server overload, a CRD or namespace not there yet).
         pruning_held: Why pruning was skipped, if it was.
+        warnings: What the server warned about while applying (deprecated APIs), per object.
+        unreadable: How many documents could not be read (they are in ``errors``).
         desired: The objects the file declares (not persisted).
     """
 
@@ -34,14 +45,33 @@ class FileOutcome:
     errors: list[str] = field(default_factory=list)
     transient: list[str] = field(default_factory=list)
     pruning_held: str = ""
+    warnings: list[str] = field(default_factory=list)
+    unreadable: int = 0
     desired: set[ObjRef] = field(default_factory=set)
+
+    @property
+    def total(self) -> int:
+        """The objects the file declares plus the documents that could not be read."""
+        return len(self.desired) + self.unreadable
+
+    @property
+    def partial(self) -> bool:
+        """Some of the file's objects were applied and some were not."""
+        return 0 < self.applied < self.total
+
+    def problems(self) -> list[str]:
+        """Every problem, transient or not, in document order (problems about no document last)."""
+        return sorted([*self.transient, *self.errors], key=_document_order)
 
     def summary(self) -> str:
         """One line for logs and for the engine's error record."""
-        parts = [*self.transient, *self.errors]
+        parts = self.problems()
         if self.pruning_held:
             parts.append(f"pruning held back: {self.pruning_held}")
-        return "; ".join(parts)
+        text = "; ".join(parts)
+        if self.partial:
+            return f"partially applied ({self.applied} of {self.total} objects): {text}"
+        return text
 
     def to_data(self) -> dict[str, Any]:
         """The JSON-able per-path data handed to the engine."""
@@ -54,7 +84,12 @@ class FileOutcome:
         if self.pruned:
             data["pruned"] = self.pruned[:100]
         if self.errors or self.transient:
-            data["errors"] = [*self.transient, *self.errors][:100]
+            data["errors"] = self.problems()[:100]
+        if self.partial:
+            data["partial"] = True
+            data["objects"] = self.total
         if self.pruning_held:
             data["pruning_held"] = self.pruning_held
+        if self.warnings:
+            data["warnings"] = self.warnings[:100]
         return data

@@ -3,13 +3,17 @@
 Members are found by label (``applyset.kubernetes.io/part-of=<id>``), per group/kind and namespace the
 parent lists, exactly as the spec says; an object is deleted only if its label still names this set at
 listing time, and the delete carries a ``uid`` precondition so an object re-created meanwhile survives.
+
+A group/kind whose API is unavailable (an aggregated API whose backend is down) cannot be checked: it is
+reported as *waiting*, a transient problem, so the caller keeps it in the parent and looks again later
+instead of forgetting objects that may still exist.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._applyset import LABEL_PART_OF, ObjRef
@@ -17,7 +21,7 @@ from ._client import ApiError, KubeClient
 from ._discovery import Discovery, Resource
 from ._ordering import sort_for_delete
 
-__all__ = ["Member", "delete_members", "inventory_members", "list_members"]
+__all__ = ["Member", "Scan", "delete_members", "inventory_members", "list_members"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,27 +33,43 @@ class Member:
     resource: Resource
 
 
+@dataclass
+class Scan:
+    """What looking for a set's members found.
+
+    Attributes:
+        members: The live members.
+        notes: Group/kinds the server no longer serves (skipped: their objects are gone with them).
+        errors: Listings or reads the server refused (e.g. 403); those objects could not be checked.
+        waiting: Group/kinds whose API is unavailable right now; check again later.
+    """
+
+    members: list[Member] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+
+
 async def list_members(
     client: KubeClient,
     discovery: Discovery,
     set_id: str,
     group_kinds: Iterable[str],
     namespaces: Iterable[str],
-) -> tuple[list[Member], list[str], list[str]]:
-    """Live members of ``set_id`` over ``group_kinds`` × ``namespaces``.
-
-    Returns:
-        The members found; notes about group/kinds the server no longer serves (skipped); and errors
-        for listings the server refused (e.g. 403), whose group/kinds could not be checked.
-    """
-    notes: list[str] = []
-    errors: list[str] = []
+) -> Scan:
+    """Live members of ``set_id`` over ``group_kinds`` × ``namespaces``."""
+    scan = Scan()
+    notes, errors = scan.notes, scan.errors
     queries: list[tuple[Resource, str | None]] = []
     for gk in sorted(set(group_kinds)):
         group, kind = Discovery.parse_group_kind(gk)
         res = await discovery.resolve_group_kind(group, kind)
         if res is None:
-            notes.append(f"{gk} is not served; its objects were not checked")
+            why = discovery.group_problem(group)
+            if why is not None:
+                scan.waiting.append(f"prune: cannot check {gk} objects: {why}")
+            else:
+                notes.append(f"{gk} is not served; its objects were not checked")
             continue
         if res.namespaced:
             queries.extend((res, ns) for ns in sorted(set(namespaces)))
@@ -72,26 +92,28 @@ async def list_members(
         return found
 
     results = await asyncio.gather(*(one(res, ns) for res, ns in queries))
-    return [m for chunk in results for m in chunk], notes, errors
+    scan.members = [m for chunk in results for m in chunk]
+    return scan
 
 
 async def inventory_members(
     client: KubeClient, discovery: Discovery, set_id: str, refs: Iterable[ObjRef]
-) -> tuple[list[Member], list[str]]:
+) -> Scan:
     """The objects of ``refs`` that exist and still carry ``set_id``'s label (one GET each).
 
     The cheap path for a changed file: the parent's inventory names every object the set may hold
     (it is widened before anything is applied), so only those that left the file need a look.
-
-    Returns:
-        The members, and errors for objects that could not be read.
     """
-    errors: list[str] = []
+    scan = Scan()
+    errors = scan.errors
 
     async def one(ref: ObjRef) -> Member | None:
         res = await discovery.resolve_group_kind(ref.group, ref.kind)
         if res is None:
-            return None  # the kind is gone, and its objects with it
+            why = discovery.group_problem(ref.group)
+            if why is not None:
+                scan.waiting.append(f"prune: cannot check {ref}: {why}")
+            return None  # else the kind is gone, and its objects with it
         try:
             obj = await client.get(res.path(ref.namespace or None, ref.name))
         except ApiError as exc:
@@ -104,7 +126,8 @@ async def inventory_members(
         return Member(ref, str(meta.get("uid") or ""), res)
 
     found = await asyncio.gather(*(one(r) for r in sorted(set(refs))))
-    return [m for m in found if m is not None], errors
+    scan.members = [m for m in found if m is not None]
+    return scan
 
 
 async def delete_members(

@@ -27,6 +27,7 @@ class Settings:
         max_file_size: Files larger than this many bytes are rejected unread.
         crd_timeout: Seconds to wait for a CRD to become established and served.
         parallel: Objects applied at once (within one apply rank).
+        concurrency: Batches handled at once, so a file stuck in retries does not hold back the others.
         resync_interval: Seconds between forced passes over every file (drift correction, k3s#3711);
             0 disables them (SIGHUP still forces one).
     """
@@ -41,6 +42,7 @@ class Settings:
     max_file_size: int = 5 * 1024 * 1024
     crd_timeout: float = 30.0
     parallel: int = 8
+    concurrency: int = 4
     resync_interval: float = 0.0
 
     @classmethod
@@ -58,6 +60,7 @@ class Settings:
             max_file_size=opts.int("max_file_size", 5 * 1024 * 1024, minimum=1),
             crd_timeout=opts.duration("crd_timeout", 30.0),
             parallel=opts.int("parallel", 8, minimum=1),
+            concurrency=opts.int("concurrency", 4, minimum=1),
             resync_interval=opts.duration("resync_interval", 0.0),
         )
         opts.finish()
