@@ -12,7 +12,9 @@ same server, in separate namespaces so neither tool sees the other's objects:
 2. all files in one batch (reloadd's startup pass; measured first, on the fresh server) vs the kubectl
    loop's total;
 3. file save → object visible in the API: the real engine (inotify, ``quiet`` settle window) writes are
-   atomic renames, visibility is polled every 2 ms.
+   atomic renames, visibility is polled every 2 ms;
+4. the third-party corpus of tests/kube_manifests/corpus: first pass and edit latency vs a kubectl loop
+   (see bench/kube_manifests/corpus.py; ``--corpus-runs 0`` skips it).
 """
 
 from __future__ import annotations
@@ -214,12 +216,21 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quiet", default="100ms", help="the engine's settle window for the latency test")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--md", type=Path, help="write the docs/benchmarks.md section here")
+    ap.add_argument("--corpus-runs", type=int, default=3, help="fresh-server pairs for the corpus phase")
+    ap.add_argument("--corpus-edits", type=int, default=10)
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="reloadd-bench-km-"))
     try:
         async with KubeCluster(controllers=()) as kube:
             result = await per_file(kube, work, args.files, args.objects)
             result.update(await save_to_visible(kube, work, args.saves, args.quiet))
+        if args.corpus_runs > 0:
+            from .corpus import markdown_rows
+            from .corpus import run as corpus_run
+
+            corpus = await corpus_run(args.corpus_runs, args.corpus_edits)
+            result["corpus"] = corpus
+            result["corpus_rows"] = markdown_rows(corpus)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result, indent=2))
