@@ -18,14 +18,19 @@ _ids = itertools.count(1)
 async def make_harness(
     kube: KubeCluster, tmp_path: Path
 ) -> AsyncIterator[Any]:
-    """Factory: ``make_harness(**options)`` → a started :class:`Harness` on a fresh manifests dir."""
+    """Factory: ``make_harness(**options)`` → a started :class:`Harness` on a fresh manifests dir.
+
+    ``move_grace`` defaults to 0 here: a harness hands over one batch and checks its results, while a removal
+    inside the move grace answers ``Retry`` until the engine hands the path over again. The grace itself is
+    tested with the real engine (``test_km_moves.py``); pass ``move_grace`` to test it with the harness.
+    """
     made: list[Harness] = []
 
     async def make(kubeconfig: Path | None = None, **options: Any) -> Harness:
         n = next(_ids)
         root = tmp_path / f"manifests{n}"
         root.mkdir()
-        opts = {"kubeconfig": str(kubeconfig or kube.kubeconfig), **options}
+        opts = {"kubeconfig": str(kubeconfig or kube.kubeconfig), "move_grace": "0s", **options}
         h = Harness(kube, root, f"km{n}-{tmp_path.name[-20:].lower().replace('_', '-')}", opts)
         await h.consumer.start()
         made.append(h)

@@ -126,3 +126,52 @@ async def test_claims_spare_what_another_file_wants_and_make_it_wait_for_a_delet
     claims.forget("new")
     with claims.deleting("old", [a, b], lambda r: r) as doomed:
         assert doomed == [a]
+
+
+def test_move_grace_option(tmp_path: Path) -> None:
+    assert create(ctx(tmp_path)).settings.move_grace == 5.0
+    assert create(ctx(tmp_path, move_grace="500ms")).settings.move_grace == 0.5
+    assert create(ctx(tmp_path, move_grace="0s")).settings.move_grace == 0.0
+    with pytest.raises(ConfigError, match="move_grace"):
+        create(ctx(tmp_path, move_grace="-1s"))
+
+
+async def test_move_grace_waits_until_the_objects_have_another_file_or_the_window_ends() -> None:
+    import asyncio
+
+    from reloadd_kube_manifests._applyset import ObjRef
+    from reloadd_kube_manifests._moves import MoveGrace
+
+    a, b = (ObjRef("", "ConfigMap", "ns", n) for n in "ab")
+    old, gone = Path("/m/dir/app.yaml"), Path("/m/gone.yaml")
+    now = [100.0]
+    woken: list[Path] = []
+    wake = asyncio.Event()
+
+    def trigger(paths: Any) -> None:
+        woken.extend(paths)
+        wake.set()
+
+    moves = MoveGrace(60.0, trigger, clock=lambda: now[0])
+    assert moves.wait_for(old, "m:dir/app.yaml", set(), set()) == 0.0, "an empty set has nothing to wait for"
+    assert moves.wait_for(old, "m:dir/app.yaml", {a, b}, {a, b}) == 0.0, "everything has another file already"
+    assert old not in moves
+    assert moves.wait_for(old, "m:dir/app.yaml", {a, b}, {a}) == 60.0
+    now[0] += 20
+    assert moves.wait_for(old, "m:dir/app.yaml", set(), {a}) == 40.0, "the window runs from the first call"
+    moves.adopted(lambda key: {a})
+    assert not woken, "woken although b has no other file"
+    moves.adopted(lambda key: {a, b})
+    assert woken == [old]
+    assert moves.wait_for(old, "m:dir/app.yaml", set(), {a, b}) == 0.0
+    moves.done(old)
+    assert old not in moves
+
+    short = MoveGrace(0.01, trigger)
+    wake.clear()
+    assert short.wait_for(gone, "m:gone.yaml", {a}, set()) > 0
+    await asyncio.wait_for(wake.wait(), 5)  # the timer asks for the path again when the window ends
+    assert woken[-1] == gone and short.wait_for(gone, "m:gone.yaml", set(), set()) == 0.0
+    assert MoveGrace(0.0, trigger).wait_for(gone, "m:gone.yaml", {a}, set()) == 0.0, "0 disables waiting"
+    moves.close()
+    short.close()

@@ -14,6 +14,7 @@ Configure it as::
     prune = true
     dry_run = false
     concurrency = 4                            # batches at once: a stuck file does not hold back the rest
+    move_grace = "5s"                          # a deleted file's objects wait for a move target; 0 = off
 """
 
 from __future__ import annotations

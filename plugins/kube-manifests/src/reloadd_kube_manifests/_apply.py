@@ -304,6 +304,16 @@ class Applier:
         await self._write_parent(name, final_gks, final_nss, source, manifest.sha256, final_inventory)
         return out
 
+    async def members(self, key: str) -> set[ObjRef]:
+        """The objects the ApplySet of ``key`` may hold, from its parent's inventory (empty without a parent).
+
+        Raises:
+            ApiError: when the parent cannot be read (e.g. 403).
+            ApiUnavailable: when the server stays unreachable.
+        """
+        state, _uid = await self._read_parent(parent_name(key))
+        return state.inventory
+
     async def remove_file(self, key: str, keep: Collection[ObjRef] = ()) -> FileOutcome:
         """Delete everything the ApplySet of ``key`` holds (found by label), then its parent.
 

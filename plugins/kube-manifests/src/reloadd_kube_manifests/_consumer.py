@@ -11,7 +11,12 @@ nothing is deleted.
 Batches run concurrently (``concurrency``, default 4), so a file stuck in retries does not hold back the
 others. What they share is safe for that: discovery refreshes under its own lock, each file is its own
 ApplySet, and no delete pass removes an object another file wants (see ``_claims``), so a rename or a move
-split over two batches deletes nothing.
+split over two concurrent batches deletes nothing.
+
+A move whose delete arrives first (``mkdir new && mv dir/app.yaml new/``: the new folder's file is found only
+once the folder is watched) is covered by the move grace (see ``_moves``): the removal of a deleted file
+answers ``Retry`` for up to ``move_grace`` seconds, so a file that declares its objects can take them over
+first, and the delete is acknowledged only once the removal has run.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from ._discovery import Discovery
 from ._events import record_event
 from ._kubeconfig import load_cluster_config
 from ._manifests import ManifestError, load_manifest
+from ._moves import MoveGrace
 from ._outcome import FileOutcome
 from ._settings import Settings
 
@@ -72,8 +78,9 @@ class KubeManifestsConsumer(BaseConsumer):
         self._ready_lock = asyncio.Lock()
         self._warned: dict[Path, str] = {}  # content hash whose server warnings were reported, per file
         self._resync: asyncio.Task[None] | None = None
+        self._moves = MoveGrace(settings.move_grace, ctx.trigger)
         self.stats: dict[str, float] = {
-            "files_applied": 0, "files_removed": 0, "files_failed": 0,
+            "files_applied": 0, "files_removed": 0, "files_failed": 0, "removals_deferred": 0,
             "objects_applied": 0, "objects_pruned": 0, "api_requests": 0, "api_retries": 0, "api_dropped": 0,
         }
 
@@ -125,7 +132,8 @@ class KubeManifestsConsumer(BaseConsumer):
             self.ctx.trigger(None)
 
     async def close(self) -> None:
-        """Stop the resync timer and close the HTTP connection pool."""
+        """Stop the resync timer and the move-grace timers, and close the HTTP connection pool."""
+        self._moves.close()
         if self._resync is not None:
             self._resync.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -179,6 +187,8 @@ class KubeManifestsConsumer(BaseConsumer):
         for c in gone:
             if c.path.suffix.lower() != SKIP_SUFFIX:
                 results[c.path] = await self._one(applier, c, claimed)
+                if not isinstance(results[c.path], Retry):
+                    self._moves.done(c.path)  # removed (or given up): nothing waits for it any more
         self.stats["api_requests"] = applier.client.stats["requests"]
         self.stats["api_retries"] = applier.client.stats["retries"]
         self.stats["api_dropped"] = applier.client.stats["dropped"]
@@ -189,6 +199,11 @@ class KubeManifestsConsumer(BaseConsumer):
         skipped = change.kind is not ChangeKind.DELETED and path.with_name(path.name + SKIP_SUFFIX).exists()
         verb = "remove" if change.kind is ChangeKind.DELETED or skipped else "apply"
         try:
+            if change.kind is not ChangeKind.DELETED:
+                self._moves.done(path)  # back (or a .skip beside it): no removal waits any more
+            elif (wait := await self._move_wait(applier, path, claimed)) > 0:
+                return Retry(f"removal waits {wait:.1f}s more for another file to declare its objects "
+                             "(move_grace)")
             if change.kind is ChangeKind.DELETED or skipped:
                 out = await applier.remove_file(self.key(path), keep=claimed)
                 self.stats["files_removed"] += 1
@@ -205,6 +220,7 @@ class KubeManifestsConsumer(BaseConsumer):
             manifest = await asyncio.to_thread(load_manifest, path, max_bytes=self.settings.max_file_size)
             out = await applier.apply_file(self.key(path), str(path), manifest, thorough=change.forced)
             claimed.update(out.desired)
+            self._moves.adopted(applier.claims.wanted_by_others)
             self.stats["files_applied"] += 1
             self.stats["objects_applied"] += out.applied
             await self._warn(path, out, previous)
@@ -222,6 +238,23 @@ class KubeManifestsConsumer(BaseConsumer):
             self.log.warning("Failed to %s %s (retried when it changes, or on SIGHUP): %s", verb, path, exc)
             self.log.debug("Failure of %s", path, exc_info=True)
             return Reject(str(exc))
+
+    async def _move_wait(self, applier: Applier, path: Path, claimed: set[ObjRef]) -> float:
+        """Seconds the removal of deleted ``path`` still waits for the other half of a move (0: remove now)."""
+        if not self.settings.prune or self._moves.grace <= 0:
+            return 0.0  # nothing would be deleted, or waiting is off
+        key = self.key(path)
+        first = path not in self._moves
+        refs: set[ObjRef] = set()
+        if first:
+            applier.claims.forget(key)  # the file is gone: it wants nothing, whatever its removal waits for
+            refs = await applier.members(key)
+        wait = self._moves.wait_for(path, key, refs, applier.claims.wanted_by_others(key) | claimed)
+        if first and wait > 0:
+            self.stats["removals_deferred"] += 1
+            self.log.info("Removing the objects of %s in %.1fs unless another file declares them (move_grace)",
+                          path, wait)
+        return wait
 
     async def _warn(self, path: Path, out: FileOutcome, previous: Mapping[str, object] | None) -> None:
         """Report the server's warnings (deprecated APIs) once per file content: a log line and an Event."""

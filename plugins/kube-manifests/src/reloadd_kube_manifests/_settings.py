@@ -30,6 +30,8 @@ class Settings:
         concurrency: Batches handled at once, so a file stuck in retries does not hold back the others.
         resync_interval: Seconds between forced passes over every file (drift correction, k3s#3711);
             0 disables them (SIGHUP still forces one).
+        move_grace: Seconds the removal of a deleted file waits for a file that declares its objects (the
+            other half of a move that reached the consumer in another batch); 0 removes at once.
     """
 
     kubeconfig: Path | None = None
@@ -44,6 +46,7 @@ class Settings:
     parallel: int = 8
     concurrency: int = 4
     resync_interval: float = 0.0
+    move_grace: float = 5.0
 
     @classmethod
     def from_options(cls, table: Mapping[str, Any], where: str, base: Path | None = None) -> Settings:
@@ -62,6 +65,7 @@ class Settings:
             parallel=opts.int("parallel", 8, minimum=1),
             concurrency=opts.int("concurrency", 4, minimum=1),
             resync_interval=opts.duration("resync_interval", 0.0),
+            move_grace=opts.duration("move_grace", 5.0),
         )
         opts.finish()
         return settings
