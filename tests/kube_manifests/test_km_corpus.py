@@ -207,12 +207,10 @@ async def test_corpus_lands_as_kubectl_lands_it(make_harness: Any, kube: KubeClu
         kube.request("DELETE", f"/api/v1/namespaces/{namespace}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "plugin bug: once a CRD is gone, removing a file of its custom resources is rejected "
-    "(prune: cannot list <Kind>: 404 page not found, from a stale discovery cache) and its parent is kept"
-))
 async def test_removing_resources_whose_crd_is_gone(make_harness: Any, kube: KubeCluster, namespace: str,
                                                     tmp_path: Path) -> None:
+    """Removing custom resources after their CRD is gone acks and removes the parent (was: a stale-discovery
+    404 rejected the file for good and left the parent behind)."""
     # `rm -r prometheus-operator/` hands both deletes over in one batch, the CRD's file first in path order;
     # whether its CRD is finalised before the next file's turn is a race (the corpus test loses it). Waiting
     # between two batches makes it certain.

@@ -123,6 +123,7 @@ class Discovery:
     async def _load_groups(self) -> None:
         body = await self._client.get("/apis")
         self._versions = {}
+        self._preferred = {"": "v1"}  # a group that went away (its CRDs deleted) must not linger
         for grp in body.get("groups") or ():
             name = str(grp.get("name"))
             self._versions[name] = [str(v.get("version")) for v in grp.get("versions") or ()]
@@ -202,6 +203,17 @@ class Discovery:
             if g == group and kind in kinds:
                 return kinds[kind]
         return None
+
+    async def reread(self, res: Resource) -> Resource | None:
+        """The server answered "not served" for ``res``: re-read its group/version (and the group list when
+        the version is gone) at once; the resource as served now, or ``None`` when it is gone."""
+        async with self._lock:
+            await self._load_gv(res.group, res.version)
+            if res.group and not self._by_gv.get((res.group, res.version)):
+                await self._load_groups()
+        if (res.group, res.version) in self._problems:
+            return res  # unreadable right now, not gone: let the caller report the error
+        return self._by_gv.get((res.group, res.version), {}).get(res.kind)
 
     def invalidate(self, group: str) -> None:
         """Forget the fetch times of ``group`` so the next lookups re-read it (after a CRD change)."""

@@ -77,8 +77,20 @@ async def list_members(
             queries.append((res, None))
 
     async def one(res: Resource, ns: str | None) -> list[Member]:
+        selector = {"labelSelector": f"{LABEL_PART_OF}={set_id}"}
         try:
-            body = await client.get(res.path(ns), {"labelSelector": f"{LABEL_PART_OF}={set_id}"})
+            try:
+                body = await client.get(res.path(ns), selector)
+            except ApiError as exc:
+                if not exc.not_served:
+                    raise
+                # Discovery was stale: the kind went away (its CRD was deleted) or moved version.
+                now = await discovery.reread(res)
+                if now is None:
+                    notes.append(f"{res.group_kind} is not served any more; its objects went with it")
+                    return []
+                body = await client.get(now.path(ns), selector)
+                res = now
         except ApiError as exc:
             errors.append(f"prune: cannot list {res.group_kind}{' in ' + ns if ns else ''}: {exc}")
             return []
