@@ -20,7 +20,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,15 @@ class _Planned:
     def label(self) -> str:
         ns = f"{self.ref.namespace}/" if self.ref.namespace else ""
         return f"{self.obj.where} {self.obj.kind} {ns}{self.ref.name}"
+
+
+def _established(crd: Mapping[str, Any]) -> bool:
+    """Whether a CustomResourceDefinition's status says Established."""
+    return any(
+        c.get("type") == "Established" and c.get("status") == "True"
+        for c in (crd.get("status") or {}).get("conditions") or ()
+        if isinstance(c, Mapping)
+    )
 
 
 class Applier:
@@ -168,16 +177,17 @@ class Applier:
         deadline = time.monotonic() + self.settings.crd_timeout
         delay = 0.02
         while True:
-            crd = await self.client.get(_CRD_PATH + name)
-            for cond in (crd.get("status") or {}).get("conditions") or ():
-                if cond.get("type") == "Established" and cond.get("status") == "True":
-                    return True
+            if _established(await self.client.get(_CRD_PATH + name)):
+                return True
             if time.monotonic() >= deadline:
                 return False
             await self._sleep(delay)
             delay = min(delay * 2, 0.5)
 
-    async def _apply_one(self, plan: _Planned, set_id: str, out: FileOutcome) -> bool:
+    async def _apply_one(
+        self, plan: _Planned, set_id: str, out: FileOutcome, established: set[str] | None = None
+    ) -> bool:
+        """Apply one object; ``established`` collects CRDs whose apply answer already says Established."""
         async with self._sem:
             res = plan.resource
             unavailable = self.discovery.problem(plan.obj.api_version)
@@ -199,7 +209,7 @@ class Applier:
             warnings: list[str] = []
             for attempt in (1, 2):
                 try:
-                    await self.client.apply(
+                    answer = await self.client.apply(
                         res.path(plan.ref.namespace or None, plan.ref.name), self._body(plan, res, set_id),
                         manager=self.settings.field_manager, force=self.settings.force,
                         dry_run=self.settings.dry_run, warnings=warnings,
@@ -218,6 +228,8 @@ class Applier:
                     return False
                 out.applied += 1
                 out.warnings.extend(f"{plan.label}: {w}" for w in warnings)
+                if established is not None and isinstance(answer, dict) and _established(answer):
+                    established.add(plan.ref.name)  # an unchanged CRD: no need to poll for it
                 return True
             return False  # pragma: no cover - the loop always returns
 
@@ -237,12 +249,13 @@ class Applier:
         ranks = sorted({rank(p.ref.group, p.ref.kind) for p in plans})
         for r in ranks:
             group = [p for p in plans if rank(p.ref.group, p.ref.kind) == r]
-            oks = await asyncio.gather(*(self._apply_one(p, set_id, out) for p in group))
+            established: set[str] = set()
+            oks = await asyncio.gather(*(self._apply_one(p, set_id, out, established) for p in group))
             crds = [p for p, ok in zip(group, oks, strict=True)
                     if ok and p.ref.kind == "CustomResourceDefinition" and p.ref.group == _CRD_GROUP]
             if crds and not self.settings.dry_run:
                 for p in crds:
-                    if not await self._wait_established(p.ref.name):
+                    if p.ref.name not in established and not await self._wait_established(p.ref.name):
                         out.transient.append(f"{p.label}: not Established after {self.settings.crd_timeout}s")
                     spec = p.obj.body.get("spec") or {}
                     self.discovery.invalidate(str(spec.get("group") or ""))
