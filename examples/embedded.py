@@ -8,7 +8,8 @@ settles on disk; the service never re-reads the file per request and never resta
     echo hello > /tmp/greet/greeting.txt; curl localhost:8088/
 
 The service owns the process: it installs SIGTERM/SIGINT itself, and reloadd leaves
-every signal alone (no ``install_signal_handlers``).
+every signal alone (no ``install_signal_handlers``). It wants no persistence either:
+``state_dir = ""`` keeps reloadd's state in memory, so a restart simply re-reads the file.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -69,8 +69,7 @@ async def serve(folder: Path, port: int) -> None:
         await writer.drain()
         writer.close()
 
-    state = Path(tempfile.mkdtemp(prefix="embedded-state-"))
-    config = parse_config({"reloadd": {"state_dir": str(state), "quiet": "100ms"}})
+    config = parse_config({"reloadd": {"state_dir": "", "quiet": "100ms"}})  # "": state in memory
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -17,6 +17,8 @@ from ._filters import DEFAULT_IGNORES, PathFilter
 from ._options import Options, parse_duration
 from ._pidfile import read_pid_file, signal_pid_file
 from ._reloader import Reloader
+from ._services import Services
+from ._services import services as ops_services
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import atomic_write
 from ._types import (
@@ -63,6 +65,7 @@ __all__ = [
     "Reloader",
     "Result",
     "Retry",
+    "Services",
     "Source",
     "SourceContext",
     "SourceEvent",
@@ -73,6 +76,7 @@ __all__ = [
     "WatchRoot",
     "atomic_write",
     "load_config",
+    "ops_services",
     "parse_config",
     "parse_duration",
     "read_pid_file",

@@ -19,6 +19,7 @@ address = "/run/containerd/containerd.sock"
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +63,10 @@ class Config:
     """The whole configuration. Durations are seconds.
 
     Attributes:
-        state_dir: Where acknowledged state is kept (0700).
+        state_dir: Where acknowledged state is kept (0700); ``None`` (``state_dir = ""``
+            in the file) keeps it in memory only: nothing is persisted or locked, a
+            restart hands every path over again, and plugins get a temporary private
+            directory removed on close.
         rescan_interval: Seconds between stat walks; 0 disables them.
         quiet: Seconds without events before a path counts as settled.
         max_delay: Cap on how long a path that keeps changing is held.
@@ -76,7 +80,7 @@ class Config:
         source: The file this came from, for messages.
     """
 
-    state_dir: Path
+    state_dir: Path | None
     rescan_interval: float = 15.0
     quiet: float = 0.2
     max_delay: float = 5.0
@@ -109,7 +113,11 @@ def load_config(path: str | Path) -> Config:
 
 
 def parse_config(doc: dict[str, Any], source: Path | None = None) -> Config:
-    """Validate a parsed TOML document. Relative paths resolve against the file's directory."""
+    """Validate a parsed TOML document.
+
+    Relative paths resolve against the file's directory; every path is normalised
+    lexically (``a/../b`` becomes ``b``), so the same folder always has one spelling.
+    """
     name = str(source) if source else "<config>"
     base = source.parent.resolve() if source else Path.cwd()
     top = Options(doc, where=name)
@@ -121,8 +129,7 @@ def parse_config(doc: dict[str, Any], source: Path | None = None) -> Config:
         value = g.path(key, default, base=base)
         return Path(value) if value is not None else None
 
-    state_dir = p("state_dir", "/var/lib/reloadd")
-    assert state_dir is not None
+    state_dir = None if g.str("state_dir", "/var/lib/reloadd") == "" else p("state_dir", "/var/lib/reloadd")
     quiet = g.duration("quiet", 0.2, maximum=MAX_QUIET)
     max_delay = g.duration("max_delay", 5.0)
     rescan_interval = g.duration("rescan_interval", 15.0)
@@ -190,4 +197,4 @@ def _check_timing(where: str, quiet: float, max_delay: float) -> None:
 
 
 def _abs(p: Path, base: Path) -> Path:
-    return p if p.is_absolute() else base / p
+    return Path(os.path.normpath(p if p.is_absolute() else base / p))

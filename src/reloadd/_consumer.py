@@ -56,7 +56,13 @@ class Consumer(Protocol):
         """Act on a batch; return a result per path.
 
         A path missing from the returned mapping counts as acknowledged with its
-        previous data kept. Raising marks every path of the batch for retry.
+        previous data kept. Raising is mapped by the engine, per path:
+        :class:`~reloadd.PermanentError` rejects the path (its previous data kept)
+        until the file changes, anything else retries it with backoff. When a batch
+        of several paths raises, each path is handed over again alone, so one bad
+        path never fails the others. The :class:`~reloadd.ConsumerError` tree is
+        logged as one WARNING line (traceback at DEBUG); any other exception is
+        treated as a bug and logged at ERROR with its traceback.
         """
         ...
 

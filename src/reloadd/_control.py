@@ -176,7 +176,10 @@ class ControlServer:
             return {"ok": True, "status": self.status()}
         if command == "reload":
             log.info("Received reload on the control socket: resyncing every consumer")
-            self.reloader.trigger()
+            try:
+                self.reloader.trigger()
+            except RuntimeError as exc:  # not started yet, or already shut down
+                return {"ok": False, "error": f"cannot resync now: {exc}"}
             return {"ok": True, "message": "full resync requested"}
         return {"ok": False, "error": f"unknown command {command!r} (status, reload)"}
 

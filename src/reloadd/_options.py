@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -167,14 +168,17 @@ class Options:
         return parse_duration(self._table[key], f"{self.where}: key {key!r}", minimum=minimum, maximum=maximum)
 
     def path(self, key: _Str, default: _Str | Path | None = None, *, base: Path | None = None) -> Any:
-        """A filesystem path; relative paths are resolved against ``base`` when given."""
+        """A filesystem path; relative paths are resolved against ``base`` when given.
+
+        Absolute results are normalised lexically (``/a/b/../c`` is ``/a/c``).
+        """
         raw = self._get(key, (_Str,), None if default is None else str(default), False)
         if raw is None:
             return None
         p = Path(raw).expanduser()
         if not p.is_absolute() and base is not None:
             p = base / p
-        return p
+        return Path(os.path.normpath(p)) if p.is_absolute() else p
 
     def str_list(self, key: _Str, default: Sequence[_Str] = ()) -> list[_Str]:
         """A list of strings."""

@@ -20,7 +20,7 @@ from typing import Any
 import tenacity
 
 from ._consumer import Consumer
-from ._errors import StateError
+from ._errors import ConsumerError, PermanentError, StateError
 from ._state import RecordStore
 from ._types import Ack, Batch, Change, ChangeKind, Fingerprint, PathRecord, Reason, Reject, Result, Retry
 
@@ -284,21 +284,19 @@ class WorkQueue:
         batch = Batch(self.consumer.name, reason, changes)
         results: Mapping[Path, Result]
         try:
-            results = await self.consumer.handle(batch)
-            if not isinstance(results, Mapping):
-                raise TypeError(f"handle() returned {type(results).__name__}, expected a mapping")
+            try:
+                results = await self._handle(batch)
+            except Exception as exc:
+                if len(items) == 1:
+                    results = {items[0].path: self._map_error(exc, items[0].path)}
+                else:
+                    results = await self._one_by_one(batch, exc)
         except asyncio.CancelledError:
             for item in items:  # abandoned, not lost: still unacknowledged on disk
                 self._inflight.discard(item.path)
                 self._inflight_fps.pop(item.path, None)
                 self._items.setdefault(item.path, item)
             raise
-        except Exception as exc:
-            log.error(
-                "Failed to handle batch of %d path(s) in consumer %s: %s",
-                len(items), self.consumer.name, exc, exc_info=exc,
-            )
-            results = {i.path: Retry(f"{type(exc).__name__}: {exc}") for i in items}
         self.stats.batches += 1
         try:
             for item, change in zip(items, changes, strict=True):
@@ -308,6 +306,52 @@ class WorkQueue:
             for item in items:
                 self._inflight.discard(item.path)
                 self._inflight_fps.pop(item.path, None)
+
+    async def _handle(self, batch: Batch) -> Mapping[Path, Result]:
+        results = await self.consumer.handle(batch)
+        if not isinstance(results, Mapping):
+            raise TypeError(f"handle() returned {type(results).__name__}, expected a mapping")
+        return results
+
+    async def _one_by_one(self, batch: Batch, exc: Exception) -> dict[Path, Result]:
+        """Hand each path of a batch whose ``handle()`` raised over alone, so only the culprit fails.
+
+        The consumer cannot say which path an exception belongs to; splitting finds out at
+        the cost of one call per path. Paths it already acted on are handed over again,
+        which the at-least-once contract allows.
+        """
+        n = len(batch.changes)
+        if isinstance(exc, ConsumerError):
+            log.debug("Consumer %s raised for a batch of %d paths; handing them over one by one",
+                      self.consumer.name, n, exc_info=exc)
+        else:
+            log.error("Failed to handle batch of %d path(s) in consumer %s: %s; handing them over one by one",
+                      n, self.consumer.name, exc, exc_info=exc)
+        results: dict[Path, Result] = {}
+        for change in batch.changes:
+            try:
+                got = await self._handle(replace(batch, changes=(change,)))
+            except Exception as one:
+                results[change.path] = self._map_error(one, change.path)
+            else:
+                result = got.get(change.path)
+                if result is not None:
+                    results[change.path] = result
+        return results
+
+    def _map_error(self, exc: Exception, path: Path) -> Result:
+        """The core's error policy: :class:`PermanentError` rejects, anything else retries.
+
+        Expected failures (the :class:`ConsumerError` tree) are logged as one line by
+        :meth:`_apply`, their traceback only at DEBUG; anything else is a bug worth a
+        traceback at ERROR.
+        """
+        if isinstance(exc, ConsumerError):
+            log.debug("Consumer %s raised for %s", self.consumer.name, path, exc_info=exc)
+            error = str(exc) or type(exc).__name__
+            return Reject(error) if isinstance(exc, PermanentError) else Retry(error)
+        log.error("Failed to handle %s in consumer %s: %s", path, self.consumer.name, exc, exc_info=exc)
+        return Retry(f"{type(exc).__name__}: {exc}")
 
     def _apply(self, item: Item, change: Change, result: Result | None) -> None:
         path = item.path
@@ -323,7 +367,8 @@ class WorkQueue:
                 self.records.put(path, PathRecord(item.fingerprint, item.digest, result.data, None))
         elif isinstance(result, Reject):
             self.stats.rejected += 1
-            log.error("Failed to handle %s in consumer %s: %s", path, self.consumer.name, result.error)
+            log.warning("Failed to handle %s in consumer %s (rejected until it changes): %s",
+                        path, self.consumer.name, result.error)
             if change.kind is ChangeKind.DELETED:
                 self.records.drop(path)
             else:

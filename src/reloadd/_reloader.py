@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -30,6 +32,7 @@ from ._errors import ConfigError, PluginError, WatchLimitError
 from ._filters import PathFilter
 from ._plugins import CONSUMER_GROUP, SOURCE_GROUP, load
 from ._queue import WorkQueue
+from ._services import Services, services
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import RecordStore, lock_state_dir
 
@@ -46,7 +49,14 @@ class Reloader:
     Args:
         config: The configuration.
         consumers: Extra consumer objects (embedders' own), besides the configured ones.
-        install_signal_handlers: Turn SIGHUP into a forced resync (standalone mode).
+        install_signal_handlers: Turn SIGHUP into a forced resync (standalone mode),
+            chained to the host's previous handler and restored on close.
+        serve_ops: Also run the operations services the configuration enables
+            (``metrics_listen``: /metrics, /healthz, /readyz; ``control_socket``:
+            ``reloadd status`` / ``reloadd reload``) for the reloader's lifetime, as
+            :func:`reloadd.ops_services` does; they start before the consumers, so
+            /healthz answers during a long start-up. systemd notification is left to
+            the host process.
         sources: Source factories to use instead of the configured ones (tests,
             embedders with their own event feed).
         clock: Monotonic clock for the aggregator and queues.
@@ -58,12 +68,17 @@ class Reloader:
         *,
         consumers: Sequence[Consumer] = (),
         install_signal_handlers: bool = False,
+        serve_ops: bool = False,
         sources: Sequence[SourceFactory] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self._extra: list[Consumer] = list(consumers)
         self._signals = install_signal_handlers
+        self._serve_ops = serve_ops
+        self._ops_stack = contextlib.AsyncExitStack()
+        self.ops: Services | None = None
+        """The running operations services (bound address, registry), or ``None``."""
         self._source_factories = sources
         self._clock = clock
         self._engine: Engine | None = None
@@ -77,6 +92,8 @@ class Reloader:
         self._closed = False
         self._lock: int | None = None
         self._live: dict[str, Source] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scratch: Path | None = None  # plugins' private dirs when state is in memory
 
     # Building ----------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -86,17 +103,29 @@ class Reloader:
         self._extra.append(consumer)
 
     def _records_for(self, name: str) -> RecordStore:
+        if self.config.state_dir is None:
+            return RecordStore(None)  # in memory: nothing to load, nothing to persist
         parent = self.config.state_dir / "consumers"
         parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         store = RecordStore(parent / name)
         store.load()
         return store
 
+    def _private_dir(self, records: RecordStore, name: str) -> Path:
+        """A plugin's own directory: under its state, or a temporary one without persistence."""
+        if records.directory is not None:
+            private = records.directory / "plugin"
+        else:
+            if self._scratch is None:
+                self._scratch = Path(tempfile.mkdtemp(prefix="reloadd-"))
+            private = self._scratch / name
+        private.mkdir(mode=0o700, exist_ok=True)
+        return private
+
     def _build_configured(self, cc: ConsumerConfig) -> tuple[Consumer, RecordStore]:
         factory = load(CONSUMER_GROUP, cc.plugin)
         records = self._records_for(cc.name)
-        private = records.directory / "plugin"
-        private.mkdir(mode=0o700, exist_ok=True)
+        private = self._private_dir(records, cc.name)
         name = cc.name
 
         def trigger(paths: Iterable[Path] | None) -> None:
@@ -147,11 +176,26 @@ class Reloader:
         await self.close()
 
     async def start(self) -> None:
-        """Load plugins and state, start consumers and sources, queue the initial pass."""
+        """Load plugins and state, start consumers and sources, queue the initial pass.
+
+        Raises:
+            RuntimeError: the reloader was closed; a closed reloader cannot be restarted
+                (its state lock and consumers are gone): build a new one.
+        """
+        if self._closed:
+            raise RuntimeError("this Reloader is closed and cannot be started again; create a new one")
         if self._started:
             return
         self._started = True
+        self._loop = asyncio.get_running_loop()
         try:
+            if self._serve_ops:
+                await self._ops_stack.enter_async_context(services(self, notify_socket=""))
+            elif self.ops is None and (self.config.metrics_listen or self.config.control_socket):
+                log.warning(
+                    "metrics_listen and control_socket are not served by an embedded Reloader; "
+                    "pass serve_ops=True or wrap it in reloadd.ops_services(reloader)"
+                )
             await self._start()
         except BaseException:
             await self.close()
@@ -159,7 +203,8 @@ class Reloader:
 
     async def _start(self) -> None:
         cfg = self.config
-        self._lock = await asyncio.to_thread(lock_state_dir, cfg.state_dir)
+        if cfg.state_dir is not None:
+            self._lock = await asyncio.to_thread(lock_state_dir, cfg.state_dir)
         built: list[tuple[Consumer, RecordStore, ConsumerConfig | None]] = []
         for cc in cfg.consumers:
             consumer, records = await asyncio.to_thread(self._build_configured, cc)
@@ -279,8 +324,8 @@ class Reloader:
         asyncio.run(self.serve())
 
     def stop(self) -> None:
-        """Ask :meth:`serve` to return (safe from a signal handler)."""
-        self._stop.set()
+        """Ask :meth:`serve` to return (safe from a signal handler and from other threads)."""
+        self._call_in_loop(self._stop.set)
 
     async def close(self) -> None:
         """Stop sources, let in-flight work finish within the grace period, persist state."""
@@ -312,6 +357,10 @@ class Reloader:
         if self._lock is not None:
             os.close(self._lock)  # releases the flock
             self._lock = None
+        if self._scratch is not None:
+            await asyncio.to_thread(shutil.rmtree, self._scratch, True)
+            self._scratch = None
+        await self._ops_stack.aclose()
 
     # Control -----------------------------------------------------------------------
     def _force(self, consumer: str | None, paths: Iterable[Path] | None) -> None:
@@ -320,8 +369,33 @@ class Reloader:
         self._engine.emit(Force(consumer, tuple(Path(p) for p in paths) if paths is not None else None))
 
     def trigger(self, paths: Iterable[str | Path] | None = None) -> None:
-        """Hand paths (every path when ``None``) to their consumers again, forced."""
-        self._force(None, None if paths is None else [Path(p) for p in paths])
+        """Hand paths (every path when ``None``) to their consumers again, forced.
+
+        Thread-safe: from another thread the request is handed to the reloader's loop
+        with ``call_soon_threadsafe``, which also wakes it.
+
+        Raises:
+            RuntimeError: the reloader has not been started, or is closed — a trigger
+                then would be lost silently.
+        """
+        if self._closed:
+            raise RuntimeError("trigger() called on a closed Reloader")
+        if not self._started:
+            raise RuntimeError("trigger() called before the Reloader started; use `async with Reloader(...)`")
+        forced = None if paths is None else tuple(Path(p) for p in paths)
+        self._call_in_loop(self._force, None, forced)
+
+    def _call_in_loop(self, fn: Callable[..., None], *args: object) -> None:
+        """Run ``fn`` now when on the reloader's loop, else hand it over thread-safely."""
+        loop = self._loop
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is loop or loop.is_closed():
+            fn(*args)
+        else:
+            loop.call_soon_threadsafe(fn, *args)
 
     def _notify(self) -> None:
         self._update_ready()

@@ -11,7 +11,8 @@ One entry point, :func:`services`, starts whatever the configuration enables:
   initial pass is done, ``WATCHDOG=1`` every ``WatchdogSec/2`` when ``$WATCHDOG_USEC`` is
   set, ``STATUS=`` lines, and ``STOPPING=1`` as soon as the reloader is asked to stop.
 
-Wiring (the CLI's ``_run``; an embedder does the same)::
+Wiring (the CLI's ``_run``; an embedder does the same, as ``reloadd.ops_services``, or
+passes ``Reloader(..., serve_ops=True)``)::
 
     reloader = Reloader(cfg, install_signal_handlers=True)
     async with services(reloader):
@@ -178,8 +179,10 @@ async def services(reloader: Reloader, *, notify_socket: str | None = None) -> A
         if svc.notifier.enabled:
             sd = _systemd(reloader, health, svc.notifier)
             tasks.append(asyncio.create_task(sd, name="reloadd-sdnotify"))
+        reloader.ops = svc
         yield svc
     finally:
+        reloader.ops = None
         for t in tasks:
             if not t.done() and t.get_name() == "reloadd-sdnotify" and reloader.stop_requested:
                 # let it send STOPPING=1 before it is cancelled

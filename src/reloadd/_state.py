@@ -98,13 +98,15 @@ class RecordStore(Mapping[Path, PathRecord]):
     engine calls (in a worker thread) once per finished batch.
 
     Args:
-        directory: The consumer's state directory (created 0700).
+        directory: The consumer's state directory (created 0700); ``None`` keeps the
+            records in memory only (an embedder that wants no persistence): nothing is
+            read or written, and a restart hands every path over again.
         compact_after: Journal lines after which :meth:`flush` writes a new snapshot.
     """
 
-    def __init__(self, directory: Path, compact_after: int = 10_000) -> None:
+    def __init__(self, directory: Path | None, compact_after: int = 10_000) -> None:
         self.directory = directory
-        self._snapshot = directory / "records.json"
+        self._snapshot = directory / "records.json" if directory is not None else Path()
         self._gen = 0
         self._records: dict[Path, PathRecord] = {}
         self._buffer: list[str] = []
@@ -134,12 +136,20 @@ class RecordStore(Mapping[Path, PathRecord]):
         return sum(1 for r in self._records.values() if r.error is not None)
 
     @property
+    def persistent(self) -> bool:
+        """Whether the records are kept on disk (``False``: in memory only)."""
+        return self.directory is not None
+
+    @property
     def _journal(self) -> Path:
+        assert self.directory is not None
         return self.directory / f"records.journal.{self._gen}"
 
     # Persistence ---------------------------------------------------------------------
     def load(self) -> None:
-        """Read snapshot and journal (blocking)."""
+        """Read snapshot and journal (blocking; nothing to read when in memory)."""
+        if self.directory is None:
+            return
         try:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.chmod(self.directory, 0o700)
@@ -189,11 +199,12 @@ class RecordStore(Mapping[Path, PathRecord]):
     def put(self, path: Path, record: PathRecord) -> None:
         """Set the record of ``path`` (buffered until :meth:`flush`)."""
         self._records[path] = record
-        self._buffer.append(json.dumps({"p": str(path), "r": _encode(record)}, separators=(",", ":")))
+        if self.directory is not None:
+            self._buffer.append(json.dumps({"p": str(path), "r": _encode(record)}, separators=(",", ":")))
 
     def drop(self, path: Path) -> None:
         """Forget ``path`` (buffered until :meth:`flush`)."""
-        if self._records.pop(path, None) is not None:
+        if self._records.pop(path, None) is not None and self.directory is not None:
             self._buffer.append(json.dumps({"p": str(path), "del": True}, separators=(",", ":")))
 
     @property
@@ -256,6 +267,8 @@ class RecordStore(Mapping[Path, PathRecord]):
     def compact(self) -> None:
         """Write a new snapshot of every record and start a new journal (blocking)."""
         self._buffer.clear()
+        if self.directory is None:
+            return
         self._compact({str(p): _encode(r) for p, r in self._records.items()})
 
     def _compact(self, records: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -70,12 +71,19 @@ async def _run(cfg: Config) -> None:
 
 
 def _check(cfg: Config) -> list[str]:
+    if cfg.state_dir is None:  # state in memory: give the factories a throw-away directory
+        with tempfile.TemporaryDirectory(prefix="reloadd-check-") as tmp:
+            return _check_in(cfg, Path(tmp))
+    return _check_in(cfg, cfg.state_dir / "check")
+
+
+def _check_in(cfg: Config, state_dir: Path) -> list[str]:
     problems: list[str] = []
     for cc in cfg.consumers:
         try:
             factory = load(CONSUMER_GROUP, cc.plugin)
             factory(ConsumerContext(name=cc.name, paths=cc.paths, options=cc.options,
-                                    state_dir=cfg.state_dir / "check", config_file=cfg.source))
+                                    state_dir=state_dir, config_file=cfg.source))
         except ReloaddError as exc:
             problems.append(str(exc))
         except Exception as exc:
