@@ -103,6 +103,9 @@ async def test_handler_installed_meanwhile_is_not_overwritten(tmp_path, recorder
 
 def test_sighup_chains_and_restores_under_uvloop(tmp_path, recorder_cls):
     uvloop = pytest.importorskip("uvloop")
+    # Start from the default disposition whatever the test runner inherited (nohup leaves SIG_IGN):
+    # loop.remove_signal_handler() always resets to SIG_DFL, so that is what "restored" means here.
+    inherited = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     before = signal.getsignal(signal.SIGHUP)
 
     async def main() -> None:
@@ -127,6 +130,9 @@ def test_sighup_chains_and_restores_under_uvloop(tmp_path, recorder_cls):
         finally:
             loop.remove_signal_handler(signal.SIGHUP)
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(asyncio.wait_for(main(), 30))
-    assert signal.getsignal(signal.SIGHUP) == before
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(asyncio.wait_for(main(), 30))
+        assert signal.getsignal(signal.SIGHUP) == before
+    finally:
+        signal.signal(signal.SIGHUP, inherited)
