@@ -102,7 +102,7 @@ async def test_handler_installed_meanwhile_is_not_overwritten(tmp_path, recorder
 
 
 def test_sighup_chains_and_restores_under_uvloop(tmp_path, recorder_cls):
-    uvloop = pytest.importorskip("uvloop")
+    import uvloop  # a dev dependency: missing it is an error, not a skip
     # Start from the default disposition whatever the test runner inherited (nohup leaves SIG_IGN):
     # loop.remove_signal_handler() always resets to SIG_DFL, so that is what "restored" means here.
     inherited = signal.signal(signal.SIGHUP, signal.SIG_DFL)
