@@ -51,7 +51,10 @@ bench: deps kube containerd-releases install
 	$(BIN)/python -m bench.report docs/benchmarks.md docs/benchmarks-core.md build/bench/[0-9]*.md
 
 faults: deps kube containerd-releases install
-	RELOADD_RELIABILITY_REPORT=docs/reliability.md $(BIN)/pytest -q -p no:cacheprovider tests/faults -m 'slow or not slow'
+	RELOADD_RELIABILITY_REPORT=docs/reliability.md $(BIN)/pytest -q -p no:cacheprovider -m 'slow or not slow' \
+	  tests/faults tests/observability/test_http_limits.py tests/core/test_pidfile.py \
+	  tests/core/test_config_ranges.py tests/registry_mirrors/test_partial_apply.py \
+	  tests/kube_manifests/test_km_kubeconfig.py
 
 protos: install
 	bash plugins/containerd-images/gen_protos.sh

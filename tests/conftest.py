@@ -13,7 +13,7 @@ import pytest
 from reloadd import BaseConsumer, Batch, Change, ConsumerContext, Reloader, Result, parse_config
 
 # One real control plane (etcd + kube-apiserver + controller-manager) per session, for every directory.
-pytest_plugins = ["tests.kube.fixtures"]
+pytest_plugins = ["tests.kube.fixtures", "tests.reliability"]
 
 
 class Recorder(BaseConsumer):

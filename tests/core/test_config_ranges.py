@@ -128,9 +128,12 @@ def test_plugin_options_get_the_same_checks():
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", '"infs"', "-1"])
-def test_check_refuses_non_finite_quiet(tmp_path, value):
+def test_check_refuses_non_finite_quiet(tmp_path, value, reliability):
     p = write(tmp_path, f"[reloadd]\nstate_dir = \"{tmp_path / 's'}\"\nquiet = {value}\n")
     out = subprocess.run([sys.executable, "-m", "reloadd", "check", "--config", str(p)],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"{p} [reloadd]: key 'quiet'" in out.stderr
+    reliability.record(f"`reloadd check` with quiet = {value}", trials=1, expected=0, delivered=0,
+                       notes=f"exit {out.returncode}: `…[reloadd]: "
+                             f"{out.stderr.strip().split('[reloadd]: ', 1)[-1][:100]}`")

@@ -171,7 +171,7 @@ print(json.dumps({"code": code, "sent": sent}))
 
 
 @pytest.mark.parametrize("content", ["-1\n", "0\n", "1\n", "garbage\n", "stale", "foreign"])
-def test_reload_refuses_a_bad_pid_file(tmp_path, sleeper, content):
+def test_reload_refuses_a_bad_pid_file(tmp_path, sleeper, content, reliability):
     pid_file = tmp_path / "reloadd.pid"
     pid_file.write_text({"stale": f"{dead_pid()}\n", "foreign": f"{sleeper.pid}\n"}.get(content, content))
     cfg = tmp_path / "reloadd.toml"
@@ -181,6 +181,10 @@ def test_reload_refuses_a_bad_pid_file(tmp_path, sleeper, content):
     assert f"reloadd: cannot signal the daemon: Refusing pid file {pid_file}: " in res.stderr
     assert "Traceback" not in res.stderr
     assert sleeper.poll() is None
+    sent = json.loads(res.stdout.splitlines()[-1])["sent"]
+    reliability.record(f"`reloadd reload` with a pid file holding {content.strip()!r}", trials=1, expected=0,
+                       delivered=len(sent), notes="refused with a message naming the pid file; signals sent: "
+                       f"{len(sent)}; the unrelated process {'alive' if sleeper.poll() is None else 'killed'}")
 
 
 def test_reload_refuses_a_foreign_process_end_to_end(tmp_path, sleeper):

@@ -25,9 +25,9 @@ from reloadd_containerd_images._client import ContainerdClient
 
 from reloadd import Reloader, parse_config
 from tests.infra import ImageSpec, private_containerd, write_oci_archive
+from tests.reliability import Reliability
 
 from ._daemon import until
-from .conftest import Reliability
 
 pytestmark = pytest.mark.timeout(120)
 

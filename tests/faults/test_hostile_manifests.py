@@ -18,9 +18,9 @@ import pytest
 
 from reloadd import Reloader, parse_config
 from tests.kube.apiserver import KubeCluster
+from tests.reliability import Reliability
 
 from ._daemon import until
-from .conftest import Reliability
 
 pytestmark = pytest.mark.timeout(120)
 

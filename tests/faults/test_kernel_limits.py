@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Reliability
+from tests.reliability import Reliability
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.reliability import Reliability
+
 from ._daemon import Daemon, until
-from .conftest import Reliability
 
 pytestmark = pytest.mark.timeout(120)
 

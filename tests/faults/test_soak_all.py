@@ -37,8 +37,7 @@ from reloadd import Ack, Batch, ChangeKind, Reloader, Result, parse_config
 from tests.infra import ImageSpec, private_containerd, write_oci_archive
 from tests.kube.apiserver import KubeCluster
 from tests.registry_mirrors.conftest import mirror_conf
-
-from .conftest import Reliability
+from tests.reliability import Reliability
 
 SOURCE_LABEL = "reloadd.io/source"
 WARM_UP = 5.0  # seconds of churn before the RSS/fd baseline

@@ -10,6 +10,7 @@ import pytest
 from reloadd_registry_mirrors import _render
 
 from reloadd import Ack
+from tests.reliability import Reliability
 
 from .conftest import Env, ack_data, mirror_conf, rejected
 
@@ -25,7 +26,7 @@ def mirrors_of(env: Env, host: str) -> list[str]:
 
 
 async def test_entries_podman_loads_but_hosts_toml_cannot_express_are_skipped(
-    env: Env, caplog: pytest.LogCaptureFixture
+    env: Env, caplog: pytest.LogCaptureFixture, reliability: Reliability
 ) -> None:
     c = env.consumer()
     good = env.conf_d / "10-good.conf"
@@ -59,10 +60,17 @@ async def test_entries_podman_loads_but_hosts_toml_cannot_express_are_skipped(
     assert sorted(env.hosts_files()) == ["quay.io/hosts.toml", f"{HOST}/hosts.toml"]
     assert sorted(os.listdir(env.hosts)) == ["quay.io", HOST]  # nothing built from the odd names
     assert (c.stats["config_valid"], c.stats["reload_failures"]) == (1, 0)
+    served = sorted(env.hosts_files())
+    reliability.record("registry-mirrors: entries podman loads but hosts.toml cannot express (`*`, `**.x`, "
+                       "`user@host`, `..`) beside good ones", trials=1, expected=2, delivered=len(served),
+                       notes=f"{len(warnings)} entries skipped, each warned with file and entry; hosts.toml "
+                             f"written for {', '.join(served)}")
 
 
 @pytest.mark.parametrize("name", [b"50-\x1b[31m.conf", b"50-\r.conf", b"50-\x7f.conf", b"50-\xff.conf"])
-async def test_control_characters_in_a_drop_in_name_still_give_valid_toml(env: Env, name: bytes) -> None:
+async def test_control_characters_in_a_drop_in_name_still_give_valid_toml(
+    env: Env, name: bytes, reliability: Reliability
+) -> None:
     drop = env.conf_d / os.fsdecode(name)  # b"\xff" becomes a lone surrogate, as os.scandir gives it
     drop.write_text(GOOD_A)
     results = await env.consumer().handle(env.batch(drop))
@@ -73,6 +81,9 @@ async def test_control_characters_in_a_drop_in_name_still_give_valid_toml(env: E
     source = raw.decode().splitlines()[1]
     assert source == f'# Source: {_render.comment_text(str(drop))} [[registry]] #1 (prefix "{HOST}")'
     assert not any(c < 0x20 or c == 0x7F for c in raw.replace(b"\n", b""))
+    reliability.record(f"registry-mirrors: drop-in named {name!r}", trials=1, expected=1,
+                       delivered=int(doc["server"] == f"https://{HOST}"),
+                       notes="hosts.toml parses back with tomllib; the name is escaped in its comment")
 
 
 async def test_generated_file_that_does_not_parse_back_is_rejected_and_the_old_one_kept(
