@@ -39,6 +39,7 @@ from reloadd_kube_manifests import create
 import reloadd
 from reloadd import Ack, Batch, Change, ChangeKind, ConsumerContext, Fingerprint, PathRecord, Reason
 from tests.kube.apiserver import KubeCluster
+from tests.kube_manifests._corpus import KUBECTL
 
 
 def objects(ns: str, file_no: int, n: int, rev: int) -> list[dict[str, Any]]:
@@ -103,12 +104,9 @@ class Driver:
             self.records[c.path] = PathRecord(c.fingerprint, c.digest, res.data)
 
 
-KUBECTL = os.environ.get("RELOADD_KUBECTL", "/var/cache/reloadd/kubectl-v1.20.2/kubectl")
-
-
 def kubectl(kube: KubeCluster, path: Path, env: dict[str, str]) -> float:
     t0 = time.perf_counter()
-    proc = subprocess.run([KUBECTL, "--kubeconfig", str(kube.kubeconfig), "apply", "--server-side",
+    proc = subprocess.run([str(KUBECTL), "--kubeconfig", str(kube.kubeconfig), "apply", "--server-side",
                            "--force-conflicts", "-f", str(path)], capture_output=True, env=env, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"kubectl apply -f {path} failed: {proc.stderr.strip()}")
@@ -123,7 +121,7 @@ def summary(name: str, xs: list[float]) -> dict[str, float]:
 
 
 async def per_file(kube: KubeCluster, work: Path, n_files: int, n_obj: int) -> dict[str, Any]:
-    if shutil.which(KUBECTL) is None:  # the comparison is the point: never drop it silently
+    if shutil.which(str(KUBECTL)) is None:  # the comparison is the point: never drop it silently
         raise SystemExit(f"kubectl not found at {KUBECTL}: run `make kube` (scripts/infra/fetch-kubectl.sh)")
     have_kubectl = True
     for ns in ("bench-reloadd", "bench-kubectl", "bench-batch"):

@@ -28,17 +28,15 @@ from reloadd_kube_manifests import ApiError, KubeClient, load_cluster_config
 from reloadd import ConfigError
 from tests.reliability import Reliability
 
+from ._corpus import KUBECTL
 from .support import KubeCluster
 
 pytestmark = pytest.mark.timeout(90)
 
-KUBECTL = os.environ.get("RELOADD_KUBECTL", "/var/cache/reloadd/kubectl-v1.20.2/kubectl")
-
-
 def kubectl_ok(env: dict[str, str], *args: str) -> tuple[bool, str]:
     """Run Debian's kubectl v1.20.2 (never the one on PATH) with exactly ``env``; (succeeded, stderr)."""
-    assert Path(KUBECTL).exists(), f"{KUBECTL} missing: run `make kube` (scripts/infra/fetch-kubectl.sh)"
-    proc = subprocess.run([KUBECTL, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert KUBECTL.exists(), f"{KUBECTL} missing: run `make kube` (scripts/infra/fetch-kubectl.sh)"
+    proc = subprocess.run([str(KUBECTL), *args], env=env, capture_output=True, text=True, timeout=60)
     return proc.returncode == 0, proc.stderr
 
 
