@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -207,3 +208,33 @@ async def test_rename_keeps_an_object_that_failed_to_move(make_harness: Any, kub
     assert isinstance(results[old], Ack)
     assert kube.get(cm_path(namespace, "sticky")) is not None, "deleted although the renamed file declares it"
     assert kube.get(cm_path(namespace, "free")) is not None
+
+
+async def test_a_transient_failure_that_heals_leaves_no_warning_event(
+    make_harness: Any, kube: KubeCluster, namespace: str
+) -> None:
+    """A custom resource handed over before its CRD (another file) is served: Retry, then Ack, and no
+    ApplyFailed Event is left behind; a file that keeps failing does get one, on its third try."""
+    from .test_km_apply import widget_crd
+
+    h: Harness = await make_harness()
+    group = f"heal-{h.name}.example.com"
+    cr = h.write("cr.yaml", [{"apiVersion": f"{group}/v1", "kind": "Widget",
+                              "metadata": {"name": "w1", "namespace": namespace}, "spec": {"size": 1}}])
+
+    def events_of(path: Path) -> list[dict[str, Any]]:
+        items = kube.get("/api/v1/namespaces/kube-system/events")["items"]
+        return [e for e in items if e["reason"] == "ApplyFailed" and e["message"].startswith(f"{path}: ")]
+
+    first = (await h.sync(cr))[cr]
+    assert isinstance(first, Retry) and "not served" in first.error, first
+    crd = h.write("crd.yaml", [widget_crd(group)])
+    assert isinstance((await h.sync(crd))[crd], Ack)
+    assert isinstance((await h.sync(cr))[cr], Ack)
+    assert events_of(cr) == []
+
+    stuck = h.write("stuck.yaml", [{"apiVersion": f"never-{h.name}.example.com/v1", "kind": "Gadget",
+                                    "metadata": {"name": "g", "namespace": namespace}}])
+    for attempt in (1, 2, 3):
+        assert isinstance((await h.sync(stuck))[stuck], Retry)
+        assert len(events_of(stuck)) == (1 if attempt == 3 else 0), attempt

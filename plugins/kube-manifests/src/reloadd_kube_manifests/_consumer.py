@@ -59,6 +59,10 @@ _VERSION = "0.1.0"
 _FILES_AT_ONCE = 4
 
 
+_EVENT_AFTER_RETRIES = 3
+"""Consecutive transient results of a file before a Warning Event is recorded for it."""
+
+
 class KubeManifestsConsumer(BaseConsumer):
     """Server-side applies manifest files and prunes what they no longer contain.
 
@@ -77,6 +81,7 @@ class KubeManifestsConsumer(BaseConsumer):
         self._discovered = False
         self._ready_lock = asyncio.Lock()
         self._warned: dict[Path, str] = {}  # content hash whose server warnings were reported, per file
+        self._retrying: dict[Path, int] = {}  # consecutive transient results per file
         self._resync: asyncio.Task[None] | None = None
         self._moves = MoveGrace(settings.move_grace, ctx.trigger)
         self.stats: dict[str, float] = {
@@ -280,7 +285,14 @@ class KubeManifestsConsumer(BaseConsumer):
 
     async def _result(self, path: Path, out: FileOutcome, data: dict[str, object], verb: str) -> Result:
         self.stats["objects_pruned"] += len(out.pruned)
-        if out.transient or out.errors:
+        if out.transient and not out.errors:
+            tries = self._retrying[path] = self._retrying.get(path, 0) + 1
+        else:
+            tries = 0
+            self._retrying.pop(path, None)
+        # A transient failure usually heals on the next pass (a custom resource whose CRD another file is
+        # still establishing): only a file that keeps failing leaves a Warning Event behind.
+        if out.errors or tries >= _EVENT_AFTER_RETRIES:
             reason = "ApplyFailed" if verb == "apply" else "RemoveFailed"
             await self._event(out, reason, f"{path}: {out.summary()}")
         if out.transient:
