@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import shutil
@@ -34,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from reloadd_kube_manifests import create
 
 import reloadd
-from reloadd import Ack, Batch, Change, ChangeKind, ConsumerContext, Fingerprint, PathRecord, Reason
 from tests.kube.apiserver import KubeCluster
 from tests.kube_manifests._corpus import KUBECTL
+
+from ._driver import Driver
 
 
 def objects(ns: str, file_no: int, n: int, rev: int) -> list[dict[str, Any]]:
@@ -80,30 +79,6 @@ def ensure_ns(kube: KubeCluster, ns: str) -> None:
     kube.apply(body, f"/api/v1/namespaces/{ns}")
 
 
-class Driver:
-    """Feeds the consumer like the engine does (records kept from results)."""
-
-    def __init__(self, kube: KubeCluster, root: Path) -> None:
-        self.root = root
-        self.records: dict[Path, PathRecord] = {}
-        ctx = ConsumerContext(name="bench", paths=(root,), options={"kubeconfig": str(kube.kubeconfig)},
-                              state_dir=root.parent / "state", records=self.records)
-        self.consumer = create(ctx)
-
-    async def sync(self, paths: list[Path]) -> None:
-        changes = []
-        for p in paths:
-            kind = ChangeKind.MODIFIED if p in self.records else ChangeKind.ADDED
-            digest = hashlib.sha256(p.read_bytes()).hexdigest()
-            changes.append(Change(p, kind, Fingerprint.from_stat(p.stat()), digest, False, self.root))
-        results = await self.consumer.handle(Batch("bench", Reason.INOTIFY, tuple(changes)))
-        for c in changes:
-            res = results[c.path]
-            if not isinstance(res, Ack):
-                raise RuntimeError(f"{c.path}: {res}")
-            self.records[c.path] = PathRecord(c.fingerprint, c.digest, res.data)
-
-
 def kubectl(kube: KubeCluster, path: Path, env: dict[str, str]) -> float:
     t0 = time.perf_counter()
     proc = subprocess.run([str(KUBECTL), "--kubeconfig", str(kube.kubeconfig), "apply", "--server-side",
@@ -130,8 +105,8 @@ async def per_file(kube: KubeCluster, work: Path, n_files: int, n_obj: int) -> d
     for d in (r_root, k_root, b_root):
         d.mkdir()
     env = {**os.environ, "HOME": str(work / "home")}  # kubectl's discovery cache, warm after file 1
-    driver = Driver(kube, r_root)
-    batch = Driver(kube, b_root)
+    driver = Driver(r_root, {"kubeconfig": str(kube.kubeconfig)})
+    batch = Driver(b_root, {"kubeconfig": str(kube.kubeconfig)})
     try:
         return await _per_file(kube, driver, batch, r_root, k_root, b_root, env, n_files, n_obj, have_kubectl)
     finally:

@@ -17,7 +17,6 @@ The nine files kube-apiserver 1.20 refuses for both tools (see ``REFUSED_BY_1_20
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import statistics
 import subprocess
@@ -26,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reloadd_kube_manifests import create
-
-from reloadd import Batch, Change, ChangeKind, ConsumerContext, Fingerprint, PathRecord, Reason, Retry
+from reloadd import Retry
 from tests.kube.apiserver import KubeCluster
 from tests.kube_manifests._corpus import KUBECTL, corpus_files, creates_prerequisites, declares_crds, render
+
+from ._driver import Driver
 
 EDITED = (
     "k3s/rolebindings.yaml",
@@ -63,43 +62,14 @@ def _edit(path: Path, n: int) -> None:
     tmp.rename(path)
 
 
-class _Consumer:
-    """The consumer fed as the engine feeds it (records kept from the results)."""
-
-    def __init__(self, root: Path, kubeconfig: Path) -> None:
-        self.root = root
-        self.records: dict[Path, PathRecord] = {}
-        ctx = ConsumerContext(name="corpus", paths=(root,),
-                              options={"kubeconfig": str(kubeconfig), "namespace": NAMESPACE},
-                              state_dir=root.parent / "state", records=self.records)
-        self.consumer = create(ctx)
-
-    async def sync(self, paths: list[Path]) -> list[Path]:
-        """Hand ``paths`` over in one batch; the ones answered Retry."""
-        changes = []
-        for p in paths:
-            kind = ChangeKind.MODIFIED if p in self.records else ChangeKind.ADDED
-            digest = hashlib.sha256(p.read_bytes()).hexdigest()
-            changes.append(Change(p, kind, Fingerprint.from_stat(p.stat()), digest, False, self.root))
-        results = await self.consumer.handle(Batch("corpus", Reason.INOTIFY, tuple(changes)))
-        retry = []
-        for c in changes:
-            r = results[c.path]
-            if isinstance(r, Retry):
-                retry.append(c.path)
-            else:
-                self.records[c.path] = PathRecord(c.fingerprint, c.digest, getattr(r, "data", None))
-        return retry
-
-
 async def _reloadd_side(kube: KubeCluster, work: Path, edits: int) -> dict[str, Any]:
     root, kubeconfig, files = _prepare(kube, work)
-    c = _Consumer(root, kubeconfig)
+    c = Driver(root, {"kubeconfig": str(kubeconfig), "namespace": NAMESPACE}, strict=False)
     await c.sync([])  # discovery, as a running daemon has it
     t0 = time.perf_counter()
     pending = [root / rel for rel in files]
     for _ in range(10):
-        pending = await c.sync(pending)
+        pending = [p for p, r in (await c.sync(pending)).items() if isinstance(r, Retry)]
         if not pending:
             break
     first = time.perf_counter() - t0
