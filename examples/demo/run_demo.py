@@ -77,15 +77,17 @@ def _toml(value: Any) -> str:
 def write_config(root: Path, folders: Path, ctd_address: str, kubeconfig: Path | None, port: int) -> Path:
     """The demo's reloadd.toml."""
     sections: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
-        ("images", {"plugin": "containerd-images", "paths": [str(folders / "images")]},
-         {"address": ctd_address, "namespace": "k8s.io"}),
+        # Order: mirrors first (a .txt pull uses the new mirror), then images, then manifests.
         ("mirrors", {"plugin": "registry-mirrors", "paths": [str(folders / "registries.conf.d")]},
          {"registries_conf": str(root / "registries.conf"),  # absent: drop-ins only
           "registries_conf_d": str(folders / "registries.conf.d"),
           "hosts_dir": str(root / "certs.d"), "certs_dirs": [], "containerd_config": ""}),
+        ("images", {"plugin": "containerd-images", "paths": [str(folders / "images")], "after": ["mirrors"]},
+         {"address": ctd_address, "namespace": "k8s.io"}),
     ]
     if kubeconfig is not None:
-        sections.append(("manifests", {"plugin": "kube-manifests", "paths": [str(folders / "manifests")]},
+        sections.append(("manifests", {"plugin": "kube-manifests", "paths": [str(folders / "manifests")],
+                                       "after": ["images"]},
                          {"kubeconfig": str(kubeconfig), "namespace": "kube-system"}))
     lines = [
         "[reloadd]",

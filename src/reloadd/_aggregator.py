@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,7 @@ class Aggregator:
         self._pending: dict[Key, Pending] = {}
         self._heap: list[tuple[float, int, Key]] = []
         self._seq = itertools.count()
+        self._per_consumer: Counter[str] = Counter()
         self.coalesced = 0
         """Events folded into an already-pending entry (a metric)."""
 
@@ -83,6 +85,10 @@ class Aggregator:
     def keys(self) -> Iterable[Key]:
         """Keys currently held."""
         return self._pending.keys()
+
+    def holds(self, consumer: str) -> bool:
+        """Whether any path of ``consumer`` is still settling."""
+        return self._per_consumer[consumer] > 0
 
     def get(self, key: Key) -> Pending | None:
         """The pending entry of ``key``, if any."""
@@ -116,6 +122,7 @@ class Aggregator:
         if p is None:
             p = Pending(first=now, last=now, reason=reason, forced=forced, verify=verify)
             self._pending[key] = p
+            self._per_consumer[key[0]] += 1
         else:
             self.coalesced += 1
             p.events += 1
@@ -210,6 +217,7 @@ class Aggregator:
             self._push(key, p)
             return None
         del self._pending[key]
+        self._per_consumer[key[0]] -= 1
         return p
 
     def requeue(self, key: Key, now: float) -> None:

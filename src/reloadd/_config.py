@@ -27,6 +27,7 @@ from typing import Any
 
 from ._errors import ConfigError
 from ._options import Options
+from ._order import check_after
 
 __all__ = ["Config", "ConsumerConfig", "load_config", "parse_config"]
 
@@ -55,6 +56,8 @@ class ConsumerConfig:
     quiet: float | None = None
     max_delay: float | None = None
     concurrency: int | None = None
+    after: tuple[str, ...] = ()
+    group: tuple[tuple[str, ...], ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -163,6 +166,7 @@ def parse_config(doc: dict[str, Any], source: Path | None = None) -> Config:
             _check_timing(f"{name} [[consumer]] #{i + 1} ({cc.name!r})",
                           quiet if cc.quiet is None else cc.quiet,
                           max_delay if cc.max_delay is None else cc.max_delay)
+    check_after({cc.name: cc.after for cc in consumers}, name)
     return Config(consumers=tuple(consumers), source=source, **cfg_kw)
 
 
@@ -185,10 +189,25 @@ def _consumer(table: Any, where: str, base: Path) -> ConsumerConfig:
         quiet=c.duration("quiet", maximum=MAX_QUIET),
         max_delay=c.duration("max_delay"),
         concurrency=conc,
+        after=tuple(c.str_list("after")),
+        group=_groups(c),
         options=c.table("options"),
     )
     c.finish()
     return cc
+
+
+def _groups(c: Options) -> tuple[tuple[str, ...], ...]:
+    """``group``: a list whose entries are a glob or a list of globs (one group each)."""
+    raw = c._get("group", (list,), [], False)
+    out: list[tuple[str, ...]] = []
+    for i, entry in enumerate(raw):
+        globs = [entry] if isinstance(entry, str) else entry
+        if not isinstance(globs, list) or not globs or not all(isinstance(g, str) and g for g in globs):
+            raise ConfigError(f"{c.where}: key 'group'[{i}] must be a glob or a non-empty list of globs, "
+                              f"got {entry!r}")
+        out.append(tuple(globs))
+    return tuple(out)
 
 
 def _check_timing(where: str, quiet: float, max_delay: float) -> None:

@@ -313,6 +313,10 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
         )
         if c.get("oldest_pending_age"):
             lines.append(f"  waiting:   oldest for {_ago(c['oldest_pending_age'])}")
+        if c.get("waiting_for"):
+            lines.append(f"  after:     waits for {', '.join(c['waiting_for'])} to finish its work (`after`)")
+        if c.get("held_groups"):
+            lines.append(f"  group:     holding group(s) {', '.join(c['held_groups'])} until every member settles")
         for p in c.get("in_flight", []):
             lines.append(f"  working:   {p}")
         failing = {f["path"] for f in c.get("failing", [])}

@@ -119,6 +119,8 @@ class Engine:
         self.busy = False
         self.startup_done = asyncio.Event()
         self._warned: dict[Path, str] = {}
+        self._in_hand: set[Key] = set()  # released by the aggregator, not yet on a queue
+        self._in_hand_by: Counter[str] = Counter()
 
     # Input -----------------------------------------------------------------------
     def emit(self, event: SourceEvent | Force) -> None:
@@ -135,6 +137,16 @@ class Engine:
             and len(self.agg) == 0
             and all(s.queue.idle for s in self.slots.values())
         )
+
+    def holds(self, consumer: str) -> bool:
+        """Whether paths of ``consumer`` are still settling (held or being handed over)."""
+        return self.agg.holds(consumer) or self._in_hand_by[consumer] > 0
+
+    def holds_any(self, consumer: str, paths: Callable[[Path], bool]) -> bool:
+        """Whether a path of ``consumer`` for which ``paths`` is true is still settling."""
+        if not self.holds(consumer):
+            return False
+        return any(k[0] == consumer and paths(k[1]) for k in (*self.agg.keys(), *self._in_hand))
 
     # The pump --------------------------------------------------------------------
     async def pump(self) -> None:
@@ -283,6 +295,15 @@ class Engine:
             p = self.agg.probed(key, pr.fingerprint, now)
             if p is not None:
                 released.append((key, root, pr.fingerprint, p.forced, p.reason))
+        self._in_hand.update(key for key, *_ in released)
+        self._in_hand_by.update(key[0] for key, *_ in released)
+        try:
+            await self._hand_over(released)
+        finally:
+            self._in_hand.clear()
+            self._in_hand_by.clear()
+
+    async def _hand_over(self, released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]]) -> None:
         want = [
             (key[1], fp)
             for key, _, fp, _, _ in released

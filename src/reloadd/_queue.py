@@ -43,6 +43,7 @@ class Item:
     attempts: int = 0
     not_before: float = 0.0
     last_error: str | None = None
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,13 @@ class WorkQueue:
         backoff_max: Cap of the retry delay, seconds.
         on_change: Called whenever the queue's state changes (idle tracking, metrics).
         clock: Monotonic clock, injectable for tests.
+        waits_for: Names of the consumers this one is ordered after (``after``) that
+            still have work; while any has, no batch starts. Re-evaluated on
+            :meth:`recheck`.
+        group_of: The group a path belongs to (``group``), or ``None``: paths of one
+            group are handed over in one batch.
+        group_settling: Whether a path of a group is still settling upstream (the
+            engine holds it); the group's queued paths wait for it.
     """
 
     def __init__(
@@ -104,6 +112,9 @@ class WorkQueue:
         backoff_max: float = 300.0,
         on_change: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        waits_for: Callable[[], tuple[str, ...]] | None = None,
+        group_of: Callable[[Path], str | None] | None = None,
+        group_settling: Callable[[str], bool] = lambda group: False,
     ) -> None:
         self.consumer = consumer
         self.records = records
@@ -115,10 +126,17 @@ class WorkQueue:
         self._items: dict[Path, Item] = {}
         self._inflight: set[Path] = set()
         self._inflight_fps: dict[Path, Fingerprint | None] = {}
+        self._inflight_groups: dict[Path, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._wakeup = asyncio.Event()
         self._flush_lock = asyncio.Lock()
         self._accepting = True
+        self._waits_for = waits_for
+        self._group_of = group_of
+        self._group_settling = group_settling
+        self.waiting_for: tuple[str, ...] = ()
+        """The consumers this queue's batches wait for right now (``after``)."""
+        self._held_groups: frozenset[str] = frozenset()
         self.stats = QueueStats()
 
     # Inspection ------------------------------------------------------------------
@@ -131,6 +149,16 @@ class WorkQueue:
     def depth(self) -> int:
         """Paths waiting (including those in backoff)."""
         return len(self._items)
+
+    def has_fresh_work(self) -> bool:
+        """Work a consumer ordered after this one waits for: in flight, or queued and not yet failed.
+
+        A path in retry backoff does not count: its failure must not hold other
+        consumers back indefinitely.
+        """
+        if self._inflight:
+            return True
+        return any(i.last_error is None for i in self._items.values())
 
     def oldest_age(self) -> float:
         """Seconds the oldest waiting path has waited (0 when none)."""
@@ -173,6 +201,8 @@ class WorkQueue:
             "failing": failing,
             "rejected": rejected,
             "oldest_pending_age": round(self.oldest_age(), 3),
+            "waiting_for": list(self.waiting_for),
+            "held_groups": sorted(self._held_groups),
             "batches": self.stats.batches,
             "last_success": self.stats.last_success,
         }
@@ -188,6 +218,8 @@ class WorkQueue:
             item.since = old.since
         else:
             item.since = self._clock()
+        if self._group_of is not None:
+            item.group = self._group_of(item.path)
         if old is None and item.path not in self._inflight and not self._needed(item):
             return
         self._items[item.path] = item
@@ -214,6 +246,21 @@ class WorkQueue:
         return True
 
     # Dispatch --------------------------------------------------------------------
+    def recheck(self) -> None:
+        """Wake the dispatcher if what it waits for (``after``, a group) may have moved on."""
+        if not self._items:
+            return
+        if self.waiting_for:
+            assert self._waits_for is not None
+            if self._waits_for() != self.waiting_for:
+                self._wakeup.set()
+        elif self._held_groups and any(not self._group_held(g) for g in self._held_groups):
+            self._wakeup.set()
+
+    def _group_held(self, group: str) -> bool:
+        """A path of ``group`` is in flight, or still settling: its queued mates wait."""
+        return group in self._inflight_groups.values() or self._group_settling(group)
+
     async def run(self) -> None:
         """Dispatch batches until cancelled."""
         try:
@@ -231,9 +278,16 @@ class WorkQueue:
     def _dispatch(self) -> float | None:
         """Start batches for ready paths; return seconds until the next retry is due."""
         while len(self._tasks) < self.concurrency and self._accepting:
+            waiting = self._waits_for() if self._waits_for is not None and self._items else ()
+            if waiting != self.waiting_for:
+                self.waiting_for = waiting
+                self._on_change()
+            if waiting:
+                return None  # recheck() wakes us when they are done
             now = self._clock()
             ready: list[Item] = []
             stale: list[Path] = []
+            held: dict[str, bool] = {}
             next_due: float | None = None
             for path, item in self._items.items():  # insertion order: oldest first
                 if path in self._inflight:
@@ -244,13 +298,21 @@ class WorkQueue:
                 if item.attempts == 0 and not self._needed(item):
                     stale.append(path)
                     continue
-                if ready and item.reason != ready[0].reason:
+                if item.group is not None:
+                    if item.group not in held:
+                        held[item.group] = self._group_held(item.group)
+                    if held[item.group]:
+                        continue
+                if ready and item.reason != ready[0].reason and item.group is None:
                     continue
                 ready.append(item)
                 if len(ready) >= self.max_batch:
                     break
+            self._held_groups = frozenset(g for g, h in held.items() if h)
             for path in stale:
                 del self._items[path]
+            if ready:
+                self._add_group_mates(ready, now)
             if not ready:
                 self._on_change()
                 return None if next_due is None else max(0.0, next_due - now)
@@ -258,10 +320,23 @@ class WorkQueue:
                 del self._items[item.path]
                 self._inflight.add(item.path)
                 self._inflight_fps[item.path] = item.fingerprint
+                if item.group is not None:
+                    self._inflight_groups[item.path] = item.group
             task = asyncio.create_task(self._run_batch(ready), name=f"reloadd-batch-{self.consumer.name}")
             self._tasks.add(task)
             task.add_done_callback(self._batch_done)
         return None  # every slot busy (or shutting down): a finishing batch wakes us
+
+    def _add_group_mates(self, ready: list[Item], now: float) -> None:
+        """Complete the batch with the ready paths of every group it touches (one batch a group)."""
+        groups = {i.group for i in ready if i.group is not None}
+        if not groups:
+            return
+        chosen = {i.path for i in ready}
+        for path, item in self._items.items():
+            if item.group in groups and path not in chosen and path not in self._inflight and item.not_before <= now:
+                ready.append(item)
+                chosen.add(path)
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -295,6 +370,7 @@ class WorkQueue:
             for item in items:  # abandoned, not lost: still unacknowledged on disk
                 self._inflight.discard(item.path)
                 self._inflight_fps.pop(item.path, None)
+                self._inflight_groups.pop(item.path, None)
                 self._items.setdefault(item.path, item)
             raise
         self.stats.batches += 1
@@ -306,6 +382,7 @@ class WorkQueue:
             for item in items:
                 self._inflight.discard(item.path)
                 self._inflight_fps.pop(item.path, None)
+                self._inflight_groups.pop(item.path, None)
 
     async def _handle(self, batch: Batch) -> Mapping[Path, Result]:
         results = await self.consumer.handle(batch)

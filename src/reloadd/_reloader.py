@@ -30,6 +30,7 @@ from ._consumer import Consumer, ConsumerContext
 from ._engine import Engine, Force, Slot
 from ._errors import ConfigError, PluginError, WatchLimitError
 from ._filters import PathFilter
+from ._order import check_after, group_matcher
 from ._plugins import CONSUMER_GROUP, SOURCE_GROUP, load
 from ._queue import WorkQueue
 from ._services import Services, services
@@ -126,18 +127,13 @@ class Reloader:
         factory = load(CONSUMER_GROUP, cc.plugin)
         records = self._records_for(cc.name)
         private = self._private_dir(records, cc.name)
-        name = cc.name
-
-        def trigger(paths: Iterable[Path] | None) -> None:
-            self._force(name, paths)
-
         ctx = ConsumerContext(
             name=cc.name,
             paths=cc.paths,
             options=cc.options,
             state_dir=private,
             records=records,
-            trigger=trigger,
+            trigger=self._trigger_for(cc.name),
             logger=logging.getLogger(f"reloadd.consumer.{cc.name}"),
             config_file=self.config.source,
         )
@@ -155,17 +151,77 @@ class Reloader:
             consumer.concurrency = cc.concurrency
         return consumer, records
 
-    def _slot(self, consumer: Consumer, records: RecordStore, cc: ConsumerConfig | None) -> Slot:
+    def _embedded_config(self, consumer: Consumer) -> ConsumerConfig:
+        """The ``[[consumer]]`` table an embedder's object would have had, from its attributes.
+
+        Optional attributes, with the table's defaults: ``include``, ``exclude``,
+        ``recursive``, ``ignore_defaults``, ``quiet``, ``max_delay``, ``after``, ``group``.
+        """
+        def attr(key: str, default: Any) -> Any:
+            value = getattr(consumer, key, None)
+            return default if value is None else value
+
+        group = attr("group", ())
+        return ConsumerConfig(
+            name=consumer.name,
+            plugin=f"<embedded {type(consumer).__qualname__}>",
+            paths=tuple(Path(r) for r in consumer.roots),
+            include=tuple(attr("include", ())),
+            exclude=tuple(attr("exclude", ())),
+            recursive=bool(attr("recursive", True)),
+            ignore_defaults=bool(attr("ignore_defaults", True)),
+            quiet=attr("quiet", None),
+            max_delay=attr("max_delay", None),
+            after=tuple(attr("after", ())),
+            group=() if callable(group) else tuple((g,) if isinstance(g, str) else tuple(g) for g in group),
+        )
+
+    def _bind(self, consumer: Consumer, records: RecordStore) -> None:
+        """Give an embedder's :class:`BaseConsumer` what a configured one gets: records and a trigger."""
+        ctx = getattr(consumer, "ctx", None)
+        if isinstance(ctx, ConsumerContext):
+            ctx.records = records
+            ctx.trigger = self._trigger_for(consumer.name)
+            if ctx.logger.name == "reloadd.consumer":
+                ctx.logger = logging.getLogger(f"reloadd.consumer.{consumer.name}")
+                if getattr(consumer, "log", None) is not None:
+                    consumer.log = ctx.logger  # type: ignore[attr-defined]
+
+    def _trigger_for(self, name: str) -> Callable[[Iterable[Path] | None], None]:
+        def trigger(paths: Iterable[Path] | None) -> None:
+            forced = None if paths is None else tuple(Path(p) for p in paths)
+            self._call_in_loop(self._force, name, forced)
+
+        return trigger
+
+    def _slot(self, consumer: Consumer, records: RecordStore, cc: ConsumerConfig) -> Slot:
         filt = PathFilter(
             roots=tuple(Path(r) for r in consumer.roots),
-            include=cc.include if cc else (),
-            exclude=cc.exclude if cc else (),
-            ignore_defaults=cc.ignore_defaults if cc else True,
-            recursive=cc.recursive if cc else True,
+            include=cc.include,
+            exclude=cc.exclude,
+            ignore_defaults=cc.ignore_defaults,
+            recursive=cc.recursive,
         )
-        queue = WorkQueue(consumer, records, concurrency=consumer.concurrency, on_change=self._notify,
-                          clock=self._clock)
+        custom = getattr(consumer, "group", None)
+        group_of = custom if callable(custom) else group_matcher(cc.group, filt.roots)
+        name = consumer.name
+        queue = WorkQueue(
+            consumer, records, concurrency=consumer.concurrency, on_change=self._notify, clock=self._clock,
+            waits_for=self._waits_for(cc.after) if cc.after else None,
+            group_of=group_of,
+            group_settling=lambda g: self._engine is not None and group_of is not None and self._engine.holds_any(
+                name, lambda p: group_of(p) == g),
+        )
         return Slot(consumer, filt, records, queue)
+
+    def _waits_for(self, after: tuple[str, ...]) -> Callable[[], tuple[str, ...]]:
+        def busy() -> tuple[str, ...]:
+            engine = self._engine
+            if engine is None:
+                return ()
+            return tuple(n for n in after if engine.holds(n) or engine.slots[n].queue.has_fresh_work())
+
+        return busy
 
     # Lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> Reloader:
@@ -205,19 +261,21 @@ class Reloader:
         cfg = self.config
         if cfg.state_dir is not None:
             self._lock = await asyncio.to_thread(lock_state_dir, cfg.state_dir)
-        built: list[tuple[Consumer, RecordStore, ConsumerConfig | None]] = []
+        built: list[tuple[Consumer, RecordStore, ConsumerConfig]] = []
         for cc in cfg.consumers:
             consumer, records = await asyncio.to_thread(self._build_configured, cc)
             built.append((consumer, records, cc))
         for consumer in self._extra:
             records = await asyncio.to_thread(self._records_for, consumer.name)
-            built.append((consumer, records, None))
+            self._bind(consumer, records)
+            built.append((consumer, records, self._embedded_config(consumer)))
         names = [b[0].name for b in built]
         if len(set(names)) != len(names):
             raise ConfigError(f"consumer names must be unique, got {names}")
+        check_after({c.name: conf.after for c, _, conf in built}, str(cfg.source or "<config>"))
         agg = Aggregator(default=Timing(cfg.quiet, cfg.max_delay))
         for consumer, _, conf in built:
-            if conf is not None and (conf.quiet is not None or conf.max_delay is not None):
+            if conf.quiet is not None or conf.max_delay is not None:
                 agg.set_timing(consumer.name, Timing(
                     conf.quiet if conf.quiet is not None else cfg.quiet,
                     conf.max_delay if conf.max_delay is not None else cfg.max_delay,
@@ -400,6 +458,10 @@ class Reloader:
     def _notify(self) -> None:
         self._update_ready()
         self._changed.set()
+        engine = self._engine
+        if engine is not None:
+            for slot in engine.slots.values():
+                slot.queue.recheck()
 
     def _update_ready(self) -> bool:
         if not self._ready and self._engine is not None and self._engine.startup_done.is_set():

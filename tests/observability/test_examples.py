@@ -29,7 +29,8 @@ def test_example_config_documents_every_setting_and_checks_ok() -> None:
     keys = set(tomllib.loads((EXAMPLES / "reloadd.toml").read_text())["reloadd"])
     fields = {f.name for f in dataclasses.fields(Config)} - {"consumers", "source"}
     assert keys == fields
-    assert [c.plugin for c in cfg.consumers] == ["containerd-images", "registry-mirrors", "kube-manifests"]
+    assert [(c.plugin, c.after) for c in cfg.consumers] == [
+        ("registry-mirrors", ()), ("containerd-images", ("mirrors",)), ("kube-manifests", ("images",))]
     assert cfg.metrics_listen is not None and cfg.metrics_listen.startswith("127.0.0.1:")
     proc = subprocess.run([sys.executable, "-m", "reloadd", "check", "--config", str(EXAMPLES / "reloadd.toml")],
                           capture_output=True, text=True, timeout=60)
