@@ -34,6 +34,7 @@ from ._types import (
     Result,
     Retry,
 )
+from ._watch import Watch, WatchState
 
 __version__ = "0.1.0"
 
@@ -71,9 +72,11 @@ __all__ = [
     "SourceEvent",
     "StateError",
     "TransientError",
+    "Watch",
     "WatchError",
     "WatchLimitError",
     "WatchRoot",
+    "WatchState",
     "atomic_write",
     "load_config",
     "ops_services",

@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from ._errors import ConfigError
+from ._watch import WatchState
 
 if TYPE_CHECKING:
     from ._reloader import Reloader
@@ -139,22 +140,13 @@ class Health:
         self._initial_done = True
         return True
 
-    def _watch_ok(self) -> bool:
-        r = self.reloader
-        state = r.watch_state
-        if state == "armed" or state.startswith("degraded"):
-            return True
-        # Without inotify (or with injected sources) nothing ever reports "armed":
-        # the periodic rescan is the watch.
-        return state.startswith("rescan-only") or (state == "starting" and "inotify" not in r.source_names)
-
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """``(ready, details)`` as served by ``/readyz``."""
         r = self.reloader
         problems: list[str] = []
         if not self.initial_pass_done():
             problems.append("initial pass not done")
-        if not self._watch_ok():
+        if not r.watch.serving:
             problems.append(f"watch {r.watch_state}")
         ages: dict[str, float] = {}
         with contextlib.suppress(RuntimeError):
@@ -181,7 +173,7 @@ class Health:
         dead = self.dead_tasks()
         if dead:
             problems.append(f"task(s) ended: {', '.join(dead)}")
-        if self.reloader.watch_state == "stopped":
+        if self.reloader.watch.state is WatchState.STOPPED:
             problems.append("stopped")
         return not problems, {"alive": not problems, "problems": problems, "loop_lag": round(lag, 4)}
 

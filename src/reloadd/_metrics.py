@@ -52,6 +52,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from ._watch import WatchState
+
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
@@ -103,11 +105,11 @@ class ReloaderCollector(Collector):
         info.add_metric([], {"version": self._version, "python": platform.python_version()})
         yield info
         r = self.reloader
-        state = r.watch_state
+        state = r.watch.state
         yield _gauge("reloadd_ready", "1 while ready (as /readyz answers).", float(self._ready()))
-        yield _gauge("reloadd_watch_armed", "1 while every inotify watch is armed.", float(state == "armed"))
+        yield _gauge("reloadd_watch_armed", "1 while every inotify watch is armed.", float(state is WatchState.ARMED))
         yield _gauge("reloadd_watch_degraded", "1 while watching by periodic rescans only.",
-                     float(state.startswith("degraded")))
+                     float(state is WatchState.DEGRADED))
         if self._loop_lag is not None:
             lag = self._loop_lag()
             if lag is not None:

@@ -36,6 +36,7 @@ from ._queue import WorkQueue
 from ._services import Services, services
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import RecordStore, lock_state_dir
+from ._watch import Watch, WatchState
 
 __all__ = ["Reloader"]
 
@@ -87,7 +88,8 @@ class Reloader:
         self._stop = asyncio.Event()
         self._changed = asyncio.Event()
         self._armed = asyncio.Event()
-        self.watch_state = "starting"
+        self.watch = Watch()
+        """The watch state (one value read by status, /readyz, /healthz, metrics and systemd)."""
         self._ready = False
         self._started = False
         self._closed = False
@@ -299,7 +301,9 @@ class Reloader:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._armed.wait(), 10.0)
         elif self._source_factories is None:
-            self.watch_state = "rescan-only (inotify disabled)"
+            self.watch = Watch(WatchState.RESCAN_ONLY, "inotify disabled")
+        else:
+            self.watch = Watch(WatchState.RESCAN_ONLY, "injected sources")
         engine.emit(SourceEvent(EventKind.RESCAN, None, "startup"))
 
     def _sources(self) -> list[tuple[str, SourceFactory]]:
@@ -328,9 +332,9 @@ class Reloader:
     def _degraded(self, reason: str | None) -> None:
         self._armed.set()  # armed as far as the kernel allows: the start-up walk may go
         if reason is None:
-            self.watch_state = "armed"
+            self.watch = Watch(WatchState.ARMED)
         else:
-            self.watch_state = f"degraded (rescan-only): {reason}"
+            self.watch = Watch(WatchState.DEGRADED, reason)
         self._notify()
 
     async def _supervise(self, name: str, factory: SourceFactory) -> None:
@@ -345,7 +349,7 @@ class Reloader:
         def before_sleep(rs: tenacity.RetryCallState) -> None:
             exc = rs.outcome.exception() if rs.outcome else None
             if isinstance(exc, WatchLimitError):
-                if "degraded" not in self.watch_state:
+                if self.watch.state is not WatchState.DEGRADED:
                     log.error("%s", exc)
                 self._degraded(str(exc))
             else:
@@ -411,7 +415,7 @@ class Reloader:
                     await slot.consumer.close()
                 except Exception as exc:
                     log.error("Failed to close consumer %s: %s", slot.name, exc)
-        self.watch_state = "stopped"
+        self.watch = Watch(WatchState.STOPPED)
         if self._lock is not None:
             os.close(self._lock)  # releases the flock
             self._lock = None
@@ -527,6 +531,11 @@ class Reloader:
                     **slot.queue.status(),
                 }
         return {"watch": self.watch_state, "ready": self.ready, "consumers": consumers}
+
+    @property
+    def watch_state(self) -> str:
+        """The watch state as one line (``armed``, ``degraded (rescan-only): …``)."""
+        return str(self.watch)
 
     @property
     def engine(self) -> Engine:
