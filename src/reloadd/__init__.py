@@ -1,5 +1,6 @@
 """reloadd: keep a Kubernetes node in step with files on its disk, the moment they change."""
 
+from ._command import CommandError, CommandResult, run_command
 from ._config import Config, ConsumerConfig, load_config, parse_config
 from ._consumer import BaseConsumer, Consumer, ConsumerContext, ConsumerFactory
 from ._errors import (
@@ -45,6 +46,8 @@ __all__ = [
     "Batch",
     "Change",
     "ChangeKind",
+    "CommandError",
+    "CommandResult",
     "Config",
     "ConfigError",
     "Consumer",
@@ -83,5 +86,6 @@ __all__ = [
     "parse_config",
     "parse_duration",
     "read_pid_file",
+    "run_command",
     "signal_pid_file",
 ]

@@ -2,7 +2,7 @@
 
 Options (``[consumer.options]``):
     command: argv list, run without a shell.
-    timeout: kill the command after this long (default "5m").
+    timeout: kill the command (and every process it started) after this long (default "5m").
     cwd: working directory (default: the config file's directory).
 
 The batch is written to the command's stdin as one JSON object::
@@ -16,15 +16,24 @@ it is retried with backoff.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from reloadd import Ack, BaseConsumer, Batch, ConfigError, ConsumerContext, Options, Result, Retry
+from reloadd import (
+    Ack,
+    BaseConsumer,
+    Batch,
+    CommandError,
+    ConfigError,
+    ConsumerContext,
+    Options,
+    Result,
+    Retry,
+    run_command,
+)
 
 __all__ = ["ExecConsumer", "batch_json", "create"]
 
@@ -65,35 +74,15 @@ class ExecConsumer(BaseConsumer):
         """Run the command once for the whole batch."""
         payload = json.dumps(batch_json(batch)).encode()
         self.stats["runs"] += 1
+        env = {**os.environ, "RELOADD_CONSUMER": batch.consumer, "RELOADD_REASON": batch.reason.value}
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                cwd=self.cwd,
-                env={**os.environ, "RELOADD_CONSUMER": batch.consumer, "RELOADD_REASON": batch.reason.value},
-            )
-        except OSError as exc:
+            res = await run_command(self.command, timeout=self.timeout, stdin=payload, env=env, cwd=self.cwd)
+        except CommandError as exc:
             self.stats["failures"] += 1
-            return {p: Retry(f"cannot run {self.command[0]}: {exc.strerror or exc}") for p in batch.paths}
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(payload), self.timeout)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+            return {p: Retry(str(exc)) for p in batch.paths}
+        if not res.ok:
             self.stats["failures"] += 1
-            return {p: Retry(f"{self.command[0]} timed out after {self.timeout:g}s") for p in batch.paths}
-        except asyncio.CancelledError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            raise
-        if proc.returncode != 0:
-            self.stats["failures"] += 1
-            tail = out.decode(errors="replace").strip().splitlines()[-3:]
-            detail = f": {' | '.join(tail)}" if tail else ""
-            return {p: Retry(f"{self.command[0]} exited with {proc.returncode}{detail}") for p in batch.paths}
+            return {p: Retry(res.describe()) for p in batch.paths}
         return {p: Ack() for p in batch.paths}
 
 

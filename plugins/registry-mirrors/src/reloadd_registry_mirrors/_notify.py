@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reloadd import ConfigError, Options, ReloaddError, signal_pid_file
+from reloadd import CommandError, ConfigError, Options, ReloaddError, run_command, signal_pid_file
 
 __all__ = ["Notifier", "NotifyError"]
 
@@ -102,23 +102,13 @@ class Notifier:
 
     async def _run(self, hosts: list[str]) -> None:
         env = dict(os.environ, RELOADD_HOSTS=" ".join(hosts))
-        proc = await asyncio.create_subprocess_exec(
-            *self.command,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
         try:
-            async with asyncio.timeout(self.timeout):
-                _, stderr = await proc.communicate()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise NotifyError(f"timed out after {self.timeout}s") from None
-        if proc.returncode != 0:
-            tail = stderr.decode(errors="replace").strip()[-200:]
-            raise NotifyError(f"exit status {proc.returncode}: {tail}")
+            res = await run_command(self.command, timeout=self.timeout, env=env, capture="stderr")
+        except CommandError as exc:
+            raise NotifyError(str(exc)) from None
+        if not res.ok:
+            tail = res.output.decode(errors="replace").strip()[-200:]
+            raise NotifyError(f"exit status {res.returncode}: {tail}")
 
     def _post(self, body: bytes) -> None:
         req = urllib.request.Request(self.url, data=body, method="POST", headers={"Content-Type": "application/json"})
