@@ -319,7 +319,7 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
             lines.append(f"  group:     holding group(s) {', '.join(c['held_groups'])} until every member settles")
         for p in c.get("in_flight", []):
             lines.append(f"  working:   {p}")
-        failing = {f["path"] for f in c.get("failing", [])}
+        failing = {f["path"] for f in c.get("failing", [])} | {d["path"] for d in c.get("deferred", [])}
         waiting = [p for p in c.get("pending", []) if p not in failing]
         for p in waiting[:_LIST_MAX]:
             lines.append(f"  pending:   {p}")
@@ -330,6 +330,8 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
             when = f"retry in {f.get('retry_in', 0):.1f}s" + (f" (at {_clock(at)})" if at else "")
             lines.append(f"  FAILING:   {f['path']}: attempt {f.get('attempts', '?')}, {when}")
             lines.append(f"             {f.get('error')}")
+        for d in c.get("deferred", []):
+            lines.append(f"  deferred:  {d['path']}: again in {d.get('retry_in', 0):.1f}s ({d.get('reason')})")
         for rj in c.get("rejected", []):
             lines.append(f"  REJECTED:  {rj['path']} (not retried until it changes, or on SIGHUP / `reloadd reload`)")
             lines.append(f"             {rj.get('error')}")

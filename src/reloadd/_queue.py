@@ -43,6 +43,7 @@ class Item:
     attempts: int = 0
     not_before: float = 0.0
     last_error: str | None = None
+    deferred: str | None = None
     group: str | None = None
 
 
@@ -158,7 +159,7 @@ class WorkQueue:
         """
         if self._inflight:
             return True
-        return any(i.last_error is None for i in self._items.values())
+        return any(i.last_error is None and i.deferred is None for i in self._items.values())
 
     def oldest_age(self) -> float:
         """Seconds the oldest waiting path has waited (0 when none)."""
@@ -176,7 +177,8 @@ class WorkQueue:
     def counts(self) -> QueueCounts:
         """Waiting, in-flight, retrying and never-tried paths, and rejected records (cheap)."""
         failing = sum(1 for i in self._items.values() if i.last_error is not None)
-        untried = sum(1 for p, i in self._items.items() if i.last_error is None and p not in self._inflight)
+        untried = sum(1 for p, i in self._items.items()
+                      if i.last_error is None and i.deferred is None and p not in self._inflight)
         return QueueCounts(len(self._items), len(self._inflight), failing, untried, self.records.rejected())
 
     def status(self) -> dict[str, Any]:
@@ -195,10 +197,16 @@ class WorkQueue:
         rejected = [
             {"path": str(p), "error": r.error} for p, r in self.records.items() if r.error is not None
         ]
+        deferred = [
+            {"path": str(i.path), "reason": i.deferred, "retry_in": round(max(0.0, i.not_before - now), 3)}
+            for i in self._items.values()
+            if i.deferred is not None and i.last_error is None
+        ]
         return {
             "pending": sorted(str(p) for p in self._items),
             "in_flight": sorted(str(p) for p in self._inflight),
             "failing": failing,
+            "deferred": deferred,
             "rejected": rejected,
             "oldest_pending_age": round(self.oldest_age(), 3),
             "waiting_for": list(self.waiting_for),
@@ -455,14 +463,21 @@ class WorkQueue:
             self.stats.retried += 1
             if path in self._items:
                 return  # a newer change is already queued; it goes next, without backoff
-            item.attempts += 1
-            delay = self._delay(item.attempts)
+            if result.failure:
+                item.attempts += 1
+                item.last_error = result.error
+                item.deferred = None
+            else:
+                item.deferred = result.error
+            delay = self._delay(max(1, item.attempts)) if result.after is None else max(0.0, result.after)
             item.not_before = self._clock() + delay
-            item.last_error = result.error
-            log.warning(
-                "Failed to handle %s in consumer %s (attempt %d, retrying in %.1fs): %s",
-                path, self.consumer.name, item.attempts, delay, result.error,
-            )
+            if result.failure:
+                log.warning(
+                    "Failed to handle %s in consumer %s (attempt %d, retrying in %.1fs): %s",
+                    path, self.consumer.name, item.attempts, delay, result.error,
+                )
+            else:
+                log.debug("Consumer %s defers %s for %.1fs: %s", self.consumer.name, path, delay, result.error)
             self._items[path] = item
         else:
             log.error("Consumer %s returned %r for %s; retrying", self.consumer.name, result, path)

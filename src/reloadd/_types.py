@@ -128,9 +128,21 @@ class Ack:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """A transient failure: hand the path over again after a backoff."""
+    """Hand the path over again later.
+
+    Attributes:
+        error: Why (shown in status and logs).
+        after: Seconds to wait before the next hand-over (a server's ``Retry-After``, a
+            grace period); ``None`` uses the core's exponential backoff with jitter.
+        failure: ``False`` for a deliberate wait that is not a failure (a removal held
+            for a move's grace period): logged at DEBUG, listed as *deferred* in status,
+            not counted as an attempt, and it does not hold back consumers ordered after
+            this one.
+    """
 
     error: str
+    after: float | None = None
+    failure: bool = True
 
 
 @dataclass(frozen=True, slots=True)

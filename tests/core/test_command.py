@@ -35,10 +35,16 @@ def script(tmp_path: Path) -> tuple[list[str], Path]:
     return ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], pidfile
 
 
+def read_pid(pidfile: Path) -> int | None:
+    text = pidfile.read_text().strip() if pidfile.exists() else ""
+    return int(text) if text else None
+
+
 async def wait_pid(pidfile: Path) -> int:
     for _ in range(100):
-        if pidfile.exists() and pidfile.read_text().strip():
-            return int(pidfile.read_text())
+        pid = read_pid(pidfile)
+        if pid is not None:
+            return pid
         await asyncio.sleep(0.02)
     raise AssertionError("the script did not start its child")
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 
-from reloadd import Ack, PermanentError, TransientError
+from reloadd import Ack, PermanentError, Retry, TransientError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -126,3 +127,39 @@ async def test_raising_path_does_not_fail_the_rest_of_its_batch(tmp_path, record
         assert record is not None and record.error is None and record.data == {"ok": name}
     assert _records(r, root / "poison.conf").error == "poison"
     assert r.status()["consumers"]["rec"]["failing"] == []
+
+
+async def test_retry_after_and_deliberate_waits(tmp_path, recorder_cls, start_reloader):
+    """``Retry(after=…)`` sets the delay; ``failure=False`` is a wait: deferred, not failing, holds no one back."""
+    root, other = tmp_path / "root", tmp_path / "other"
+    root.mkdir()
+    other.mkdir()
+    answers = iter([Retry("held for a grace", after=0.6, failure=False), Retry("busy", after=0.3)])
+    rec = recorder_cls([root], name="rec", results=lambda change: next(answers, None))
+    later = recorder_cls([other], name="later", after=("rec",))
+    r = await start_reloader(rec, later)
+    (root / "a.conf").write_text("a")
+    await rec.wait_path(root / "a.conf")
+    first = time.monotonic()
+    for _ in range(100):
+        status = r.status()["consumers"]["rec"]
+        if status["deferred"]:
+            break
+        await asyncio.sleep(0.01)
+    assert status["failing"] == [] and [d["reason"] for d in status["deferred"]] == ["held for a grace"]
+    assert status["deferred"][0]["retry_in"] <= 0.6  # the consumer's delay, not the 1-2 s first backoff
+    (other / "b.conf").write_text("b")
+    await later.wait_path(other / "b.conf", timeout=2)  # a deliberate wait holds back no one
+    await rec.wait_path(root / "a.conf", count=2)
+    second = time.monotonic()
+    assert second - first >= 0.5  # not sooner than asked
+    for _ in range(100):
+        status = r.status()["consumers"]["rec"]
+        if status["failing"]:
+            break
+        await asyncio.sleep(0.01)
+    assert [f["error"] for f in status["failing"]] == ["busy"] and status["deferred"] == []
+    assert status["failing"][0]["retry_in"] <= 0.3
+    await rec.wait_path(root / "a.conf", count=3)
+    assert time.monotonic() - second >= 0.25
+    await r.wait_idle(10)

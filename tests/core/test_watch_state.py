@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(30)
 def views(r: Reloader) -> dict[str, object]:
     health = Health(r, LoopMonitor())
     ready, doc = health.readiness()
-    alive, live = health.liveness()
+    alive, _ = health.liveness()
     text = generate_latest(build_registry(r, process=False)).decode()
     gauges = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
               if line.startswith(("reloadd_watch_armed", "reloadd_watch_degraded"))}

@@ -94,11 +94,13 @@ class ApiUnavailable(TransientError):
 
     Attributes:
         last: The last failure alone, e.g. ``503 service unavailable`` (the message adds request and tries).
+        retry_after: The server's last ``Retry-After``, in seconds, if it sent one.
     """
 
-    def __init__(self, message: str, last: str = "") -> None:
+    def __init__(self, message: str, last: str = "", retry_after: float | None = None) -> None:
         super().__init__(message)
         self.last = last or message
+        self.retry_after = retry_after
 
 
 _WARNING = re.compile(r'^\s*\d{3}\s+\S+\s+"((?:[^"\\]|\\.)*)"')
@@ -273,7 +275,7 @@ class KubeClient:
                 last = str(_error(status, text))
                 delay = retry_after
             if attempt >= limit:
-                raise ApiUnavailable(f"{method} {path}: {last} (gave up after {attempt} attempts)", last)
+                raise ApiUnavailable(f"{method} {path}: {last} (gave up after {attempt} attempts)", last, delay)
             if delay is None:
                 delay = self.backoff * 2 ** (attempt - 1) * (0.5 + random.random())
             self.stats["retries"] += 1

@@ -208,7 +208,7 @@ class KubeManifestsConsumer(BaseConsumer):
                 self._moves.done(path)  # back (or a .skip beside it): no removal waits any more
             elif (wait := await self._move_wait(applier, path, claimed)) > 0:
                 return Retry(f"removal waits {wait:.1f}s more for another file to declare its objects "
-                             "(move_grace)")
+                             "(move_grace)", after=wait, failure=False)
             if change.kind is ChangeKind.DELETED or skipped:
                 out = await applier.remove_file(self.key(path), keep=claimed)
                 self.stats["files_removed"] += 1
@@ -237,7 +237,7 @@ class KubeManifestsConsumer(BaseConsumer):
         except TransientError as exc:
             self.log.warning("Failed to %s %s (will retry): %s", verb, path, exc)
             self.log.debug("Failure of %s", path, exc_info=True)
-            return Retry(str(exc))
+            return Retry(str(exc), after=getattr(exc, "retry_after", None))
         except ReloaddError as exc:
             self.stats["files_failed"] += 1
             self.log.warning("Failed to %s %s (retried when it changes, or on SIGHUP): %s", verb, path, exc)
