@@ -15,27 +15,25 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import tenacity
-
 from ._aggregator import Aggregator, Timing
+from ._building import PrivateDirs, Trigger, bind, build_configured, embedded_config, records_for
 from ._config import Config, ConsumerConfig
-from ._consumer import Consumer, ConsumerContext
+from ._consumer import Consumer
 from ._engine import Engine, Force, Slot
-from ._errors import ConfigError, PluginError, WatchLimitError
+from ._errors import ConfigError, WatchLimitError
 from ._filters import PathFilter
 from ._order import check_after, group_matcher
-from ._plugins import CONSUMER_GROUP, SOURCE_GROUP, load
+from ._plugins import SOURCE_GROUP, load
 from ._queue import WorkQueue
 from ._services import Services, services
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import RecordStore, lock_state_dir
+from ._supervisor import supervise
 from ._watch import Watch, WatchState
 
 __all__ = ["Reloader"]
@@ -96,7 +94,7 @@ class Reloader:
         self._lock: int | None = None
         self._live: dict[str, Source] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._scratch: Path | None = None  # plugins' private dirs when state is in memory
+        self._private = PrivateDirs()  # plugins' own directories
 
     # Building ----------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -105,91 +103,7 @@ class Reloader:
             raise RuntimeError("add_consumer() must be called before the reloader starts")
         self._extra.append(consumer)
 
-    def _records_for(self, name: str) -> RecordStore:
-        if self.config.state_dir is None:
-            return RecordStore(None)  # in memory: nothing to load, nothing to persist
-        parent = self.config.state_dir / "consumers"
-        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        store = RecordStore(parent / name)
-        store.load()
-        return store
-
-    def _private_dir(self, records: RecordStore, name: str) -> Path:
-        """A plugin's own directory: under its state, or a temporary one without persistence."""
-        if records.directory is not None:
-            private = records.directory / "plugin"
-        else:
-            if self._scratch is None:
-                self._scratch = Path(tempfile.mkdtemp(prefix="reloadd-"))
-            private = self._scratch / name
-        private.mkdir(mode=0o700, exist_ok=True)
-        return private
-
-    def _build_configured(self, cc: ConsumerConfig) -> tuple[Consumer, RecordStore]:
-        factory = load(CONSUMER_GROUP, cc.plugin)
-        records = self._records_for(cc.name)
-        private = self._private_dir(records, cc.name)
-        ctx = ConsumerContext(
-            name=cc.name,
-            paths=cc.paths,
-            options=cc.options,
-            state_dir=private,
-            records=records,
-            trigger=self._trigger_for(cc.name),
-            logger=logging.getLogger(f"reloadd.consumer.{cc.name}"),
-            config_file=self.config.source,
-        )
-        try:
-            consumer = factory(ctx)
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise PluginError(f"Plugin {cc.plugin!r} failed to create consumer {cc.name!r}: {exc}") from exc
-        if not isinstance(consumer, Consumer):
-            raise PluginError(f"Plugin {cc.plugin!r} returned {type(consumer).__name__}, not a Consumer")
-        if getattr(consumer, "name", None) != cc.name:
-            consumer.name = cc.name
-        if cc.concurrency is not None:
-            consumer.concurrency = cc.concurrency
-        return consumer, records
-
-    def _embedded_config(self, consumer: Consumer) -> ConsumerConfig:
-        """The ``[[consumer]]`` table an embedder's object would have had, from its attributes.
-
-        Optional attributes, with the table's defaults: ``include``, ``exclude``,
-        ``recursive``, ``ignore_defaults``, ``quiet``, ``max_delay``, ``after``, ``group``.
-        """
-        def attr(key: str, default: Any) -> Any:
-            value = getattr(consumer, key, None)
-            return default if value is None else value
-
-        group = attr("group", ())
-        return ConsumerConfig(
-            name=consumer.name,
-            plugin=f"<embedded {type(consumer).__qualname__}>",
-            paths=tuple(Path(r) for r in consumer.roots),
-            include=tuple(attr("include", ())),
-            exclude=tuple(attr("exclude", ())),
-            recursive=bool(attr("recursive", True)),
-            ignore_defaults=bool(attr("ignore_defaults", True)),
-            quiet=attr("quiet", None),
-            max_delay=attr("max_delay", None),
-            after=tuple(attr("after", ())),
-            group=() if callable(group) else tuple((g,) if isinstance(g, str) else tuple(g) for g in group),
-        )
-
-    def _bind(self, consumer: Consumer, records: RecordStore) -> None:
-        """Give an embedder's :class:`BaseConsumer` what a configured one gets: records and a trigger."""
-        ctx = getattr(consumer, "ctx", None)
-        if isinstance(ctx, ConsumerContext):
-            ctx.records = records
-            ctx.trigger = self._trigger_for(consumer.name)
-            if ctx.logger.name == "reloadd.consumer":
-                ctx.logger = logging.getLogger(f"reloadd.consumer.{consumer.name}")
-                if getattr(consumer, "log", None) is not None:
-                    consumer.log = ctx.logger  # type: ignore[attr-defined]
-
-    def _trigger_for(self, name: str) -> Callable[[Iterable[Path] | None], None]:
+    def _trigger_for(self, name: str) -> Trigger:
         def trigger(paths: Iterable[Path] | None) -> None:
             forced = None if paths is None else tuple(Path(p) for p in paths)
             self._call_in_loop(self._force, name, forced)
@@ -265,12 +179,15 @@ class Reloader:
             self._lock = await asyncio.to_thread(lock_state_dir, cfg.state_dir)
         built: list[tuple[Consumer, RecordStore, ConsumerConfig]] = []
         for cc in cfg.consumers:
-            consumer, records = await asyncio.to_thread(self._build_configured, cc)
+            records = await asyncio.to_thread(records_for, cfg.state_dir, cc.name)
+            private = await asyncio.to_thread(self._private.get, records, cc.name)
+            consumer = await asyncio.to_thread(
+                build_configured, cc, records, private, self._trigger_for(cc.name), cfg.source)
             built.append((consumer, records, cc))
         for consumer in self._extra:
-            records = await asyncio.to_thread(self._records_for, consumer.name)
-            self._bind(consumer, records)
-            built.append((consumer, records, self._embedded_config(consumer)))
+            records = await asyncio.to_thread(records_for, cfg.state_dir, consumer.name)
+            bind(consumer, records, self._trigger_for(consumer.name))
+            built.append((consumer, records, embedded_config(consumer)))
         names = [b[0].name for b in built]
         if len(set(names)) != len(names):
             raise ConfigError(f"consumer names must be unique, got {names}")
@@ -340,38 +257,17 @@ class Reloader:
     async def _supervise(self, name: str, factory: SourceFactory) -> None:
         """Run one source forever; rebuild it after any failure, then rescan everything."""
 
-        def wait(rs: tenacity.RetryCallState) -> float:
-            exc = rs.outcome.exception() if rs.outcome else None
-            if isinstance(exc, WatchLimitError):
-                return 60.0  # persistent: do not spin, rescans cover the gap
-            return float(min(30.0, 0.1 * 2 ** (rs.attempt_number - 1)))
+        def on_limit(exc: WatchLimitError, first: bool) -> None:
+            if first and self.watch.state is not WatchState.DEGRADED:
+                log.error("%s", exc)
+            self._degraded(str(exc))
 
-        def before_sleep(rs: tenacity.RetryCallState) -> None:
-            exc = rs.outcome.exception() if rs.outcome else None
-            if isinstance(exc, WatchLimitError):
-                if self.watch.state is not WatchState.DEGRADED:
-                    log.error("%s", exc)
-                self._degraded(str(exc))
-            else:
-                log.error("Source %s failed, rebuilding the watch: %s", name, exc, exc_info=exc)
+        def rescan() -> None:
             if self._engine is not None:
                 self._engine.emit(SourceEvent(EventKind.RESCAN, None, "supervisor"))
 
-        retrying = tenacity.AsyncRetrying(
-            wait=wait,
-            retry=tenacity.retry_if_exception_type(Exception),
-            before_sleep=before_sleep,
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                source = factory(self._source_context())
-                self._live[name] = source
-                try:
-                    await source.run()
-                finally:
-                    self._live.pop(name, None)
-                return
+        live: dict[str, Any] = self._live
+        await supervise(name, lambda: factory(self._source_context()), live=live, on_limit=on_limit, rescan=rescan)
 
     async def serve(self) -> None:
         """Run until :meth:`stop` is called, then shut down gracefully."""
@@ -419,9 +315,7 @@ class Reloader:
         if self._lock is not None:
             os.close(self._lock)  # releases the flock
             self._lock = None
-        if self._scratch is not None:
-            await asyncio.to_thread(shutil.rmtree, self._scratch, True)
-            self._scratch = None
+        await asyncio.to_thread(self._private.remove)
         await self._ops_stack.aclose()
 
     # Control -----------------------------------------------------------------------

@@ -1,0 +1,136 @@
+"""Building consumers: configured ones from their plugin, embedded ones bound to the same context.
+
+Whether a consumer comes from a ``[[consumer]]`` table or is an object the host passed
+in, it ends with the same things: a record store, a private directory, a trigger scoped
+to it, its logger, and a :class:`~reloadd.ConsumerConfig` the engine builds its filter,
+timing, order and groups from.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from ._config import ConsumerConfig
+from ._consumer import Consumer, ConsumerContext
+from ._errors import ConfigError, PluginError
+from ._plugins import CONSUMER_GROUP, load
+from ._state import RecordStore
+
+__all__ = ["PrivateDirs", "Trigger", "bind", "build_configured", "embedded_config", "records_for"]
+
+Trigger = Callable[[Iterable[Path] | None], None]
+
+
+def records_for(state_dir: Path | None, name: str) -> RecordStore:
+    """The consumer's record store: loaded from ``state_dir``, or in memory when it is ``None``."""
+    if state_dir is None:
+        return RecordStore(None)  # in memory: nothing to load, nothing to persist
+    parent = state_dir / "consumers"
+    parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    store = RecordStore(parent / name)
+    store.load()
+    return store
+
+
+class PrivateDirs:
+    """Plugins' own directories: under their state, or in one temporary folder without persistence."""
+
+    def __init__(self) -> None:
+        self._scratch: Path | None = None
+
+    def get(self, records: RecordStore, name: str) -> Path:
+        """The private directory (0700) of consumer ``name``."""
+        if records.directory is not None:
+            private = records.directory / "plugin"
+        else:
+            if self._scratch is None:
+                self._scratch = Path(tempfile.mkdtemp(prefix="reloadd-"))
+            private = self._scratch / name
+        private.mkdir(mode=0o700, exist_ok=True)
+        return private
+
+    def remove(self) -> None:
+        """Remove the temporary folder, if one was made."""
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+
+
+def build_configured(
+    cc: ConsumerConfig, records: RecordStore, private: Path, trigger: Trigger, config_file: Path | None
+) -> Consumer:
+    """Create a configured consumer through its plugin's factory.
+
+    Raises:
+        ConfigError: the plugin rejected its options.
+        PluginError: the plugin is missing, failed, or returned something that is not a consumer.
+    """
+    factory = load(CONSUMER_GROUP, cc.plugin)
+    ctx = ConsumerContext(
+        name=cc.name,
+        paths=cc.paths,
+        options=cc.options,
+        state_dir=private,
+        records=records,
+        trigger=trigger,
+        logger=logging.getLogger(f"reloadd.consumer.{cc.name}"),
+        config_file=config_file,
+    )
+    try:
+        consumer = factory(ctx)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise PluginError(f"Plugin {cc.plugin!r} failed to create consumer {cc.name!r}: {exc}") from exc
+    if not isinstance(consumer, Consumer):
+        raise PluginError(f"Plugin {cc.plugin!r} returned {type(consumer).__name__}, not a Consumer")
+    if getattr(consumer, "name", None) != cc.name:
+        consumer.name = cc.name
+    if cc.concurrency is not None:
+        consumer.concurrency = cc.concurrency
+    return consumer
+
+
+def embedded_config(consumer: Consumer) -> ConsumerConfig:
+    """The ``[[consumer]]`` table an embedder's object would have had, from its attributes.
+
+    Optional attributes, with the table's defaults: ``include``, ``exclude``,
+    ``recursive``, ``ignore_defaults``, ``quiet``, ``max_delay``, ``after``, ``group``
+    (globs; a callable group is read by the engine directly).
+    """
+    def attr(key: str, default: Any) -> Any:
+        value = getattr(consumer, key, None)
+        return default if value is None else value
+
+    group = attr("group", ())
+    return ConsumerConfig(
+        name=consumer.name,
+        plugin=f"<embedded {type(consumer).__qualname__}>",
+        paths=tuple(Path(r) for r in consumer.roots),
+        include=tuple(attr("include", ())),
+        exclude=tuple(attr("exclude", ())),
+        recursive=bool(attr("recursive", True)),
+        ignore_defaults=bool(attr("ignore_defaults", True)),
+        quiet=attr("quiet", None),
+        max_delay=attr("max_delay", None),
+        after=tuple(attr("after", ())),
+        group=() if callable(group) else tuple((g,) if isinstance(g, str) else tuple(g) for g in group),
+    )
+
+
+def bind(consumer: Consumer, records: RecordStore, trigger: Trigger) -> None:
+    """Give an embedder's :class:`BaseConsumer` what a configured one gets: records, trigger, logger."""
+    ctx = getattr(consumer, "ctx", None)
+    if not isinstance(ctx, ConsumerContext):
+        return
+    ctx.records = records
+    ctx.trigger = trigger
+    if ctx.logger.name == "reloadd.consumer":
+        ctx.logger = logging.getLogger(f"reloadd.consumer.{consumer.name}")
+        if getattr(consumer, "log", None) is not None:
+            consumer.log = ctx.logger  # type: ignore[attr-defined]
