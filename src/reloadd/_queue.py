@@ -128,6 +128,7 @@ class WorkQueue:
         self._inflight: set[Path] = set()
         self._inflight_fps: dict[Path, Fingerprint | None] = {}
         self._inflight_groups: dict[Path, str] = {}
+        self._inflight_failing: dict[Path, Item] = {}  # retries in progress: still failing until they succeed
         self._tasks: set[asyncio.Task[None]] = set()
         self._wakeup = asyncio.Event()
         self._flush_lock = asyncio.Lock()
@@ -154,10 +155,10 @@ class WorkQueue:
     def has_fresh_work(self) -> bool:
         """Work a consumer ordered after this one waits for: in flight, or queued and not yet failed.
 
-        A path in retry backoff does not count: its failure must not hold other
-        consumers back indefinitely.
+        A path that failed does not count, in backoff or while being retried: its failure
+        must not hold other consumers back indefinitely.
         """
-        if self._inflight:
+        if any(p not in self._inflight_failing for p in self._inflight):
             return True
         return any(i.last_error is None and i.deferred is None for i in self._items.values())
 
@@ -176,10 +177,16 @@ class WorkQueue:
 
     def counts(self) -> QueueCounts:
         """Waiting, in-flight, retrying and never-tried paths, and rejected records (cheap)."""
-        failing = sum(1 for i in self._items.values() if i.last_error is not None)
+        failing = len(self._failing())
         untried = sum(1 for p, i in self._items.items()
                       if i.last_error is None and i.deferred is None and p not in self._inflight)
         return QueueCounts(len(self._items), len(self._inflight), failing, untried, self.records.rejected())
+
+    def _failing(self) -> dict[Path, Item]:
+        """Paths whose last attempt failed: waiting in backoff, or being retried right now."""
+        out = dict(self._inflight_failing)
+        out.update((p, i) for p, i in self._items.items() if i.last_error is not None)
+        return out
 
     def status(self) -> dict[str, Any]:
         """A JSON-able view for ``reloadd status``."""
@@ -189,10 +196,9 @@ class WorkQueue:
                 "path": str(i.path),
                 "attempts": i.attempts,
                 "error": i.last_error,
-                "retry_in": round(max(0.0, i.not_before - now), 3),
+                "retry_in": round(max(0.0, i.not_before - now), 3) if i.path in self._items else 0.0,
             }
-            for i in self._items.values()
-            if i.last_error is not None
+            for i in self._failing().values()
         ]
         rejected = [
             {"path": str(p), "error": r.error} for p, r in self.records.items() if r.error is not None
@@ -330,6 +336,8 @@ class WorkQueue:
                 self._inflight_fps[item.path] = item.fingerprint
                 if item.group is not None:
                     self._inflight_groups[item.path] = item.group
+                if item.last_error is not None:
+                    self._inflight_failing[item.path] = item
             task = asyncio.create_task(self._run_batch(ready), name=f"reloadd-batch-{self.consumer.name}")
             self._tasks.add(task)
             task.add_done_callback(self._batch_done)
@@ -379,6 +387,8 @@ class WorkQueue:
                 self._inflight.discard(item.path)
                 self._inflight_fps.pop(item.path, None)
                 self._inflight_groups.pop(item.path, None)
+                self._inflight_failing.pop(item.path, None)
+                self._inflight_failing.pop(item.path, None)
                 self._items.setdefault(item.path, item)
             raise
         self.stats.batches += 1
@@ -391,6 +401,7 @@ class WorkQueue:
                 self._inflight.discard(item.path)
                 self._inflight_fps.pop(item.path, None)
                 self._inflight_groups.pop(item.path, None)
+                self._inflight_failing.pop(item.path, None)
 
     async def _handle(self, batch: Batch) -> Mapping[Path, Result]:
         results = await self.consumer.handle(batch)

@@ -163,3 +163,24 @@ async def test_retry_after_and_deliberate_waits(tmp_path, recorder_cls, start_re
     await rec.wait_path(root / "a.conf", count=3)
     assert time.monotonic() - second >= 0.25
     await r.wait_idle(10)
+
+
+async def test_a_retry_in_progress_still_shows_as_failing(tmp_path, recorder_cls, start_reloader):
+    """Between backoff and the next result the path is being retried: status keeps it failing (exit 3)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    answers = iter([Retry("down", after=0.3)])
+    rec = recorder_cls([root], name="rec", results=lambda change: next(answers, None))
+    r = await start_reloader(rec)
+    (root / "a.conf").write_text("a")
+    await rec.wait_path(root / "a.conf")
+    rec.gate = asyncio.Event()
+    rec.entered.clear()
+    await asyncio.wait_for(rec.entered.wait(), 10)  # the retry is in flight, held
+    status = r.status()["consumers"]["rec"]
+    assert status["in_flight"] == [str(root / "a.conf")]
+    assert [(f["path"], f["error"], f["retry_in"]) for f in status["failing"]] == [(str(root / "a.conf"), "down", 0.0)]
+    assert r.engine.slots["rec"].queue.counts().failing == 1
+    rec.gate.set()
+    await r.wait_idle(10)
+    assert r.status()["consumers"]["rec"]["failing"] == []
