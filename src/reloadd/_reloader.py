@@ -25,12 +25,12 @@ from typing import Any
 import tenacity
 
 from ._aggregator import Aggregator, Timing
+from ._build import build_consumer, path_filter
 from ._config import Config, ConsumerConfig
-from ._consumer import Consumer, ConsumerContext
+from ._consumer import Consumer
 from ._engine import Engine, Force, Slot
-from ._errors import ConfigError, PluginError, WatchLimitError
-from ._filters import PathFilter
-from ._plugins import CONSUMER_GROUP, SOURCE_GROUP, load
+from ._errors import ConfigError, WatchLimitError
+from ._plugins import SOURCE_GROUP, load
 from ._queue import WorkQueue
 from ._services import Services, services
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
@@ -123,49 +123,19 @@ class Reloader:
         return private
 
     def _build_configured(self, cc: ConsumerConfig) -> tuple[Consumer, RecordStore]:
-        factory = load(CONSUMER_GROUP, cc.plugin)
         records = self._records_for(cc.name)
-        private = self._private_dir(records, cc.name)
         name = cc.name
 
         def trigger(paths: Iterable[Path] | None) -> None:
             self._force(name, paths)
 
-        ctx = ConsumerContext(
-            name=cc.name,
-            paths=cc.paths,
-            options=cc.options,
-            state_dir=private,
-            records=records,
-            trigger=trigger,
-            logger=logging.getLogger(f"reloadd.consumer.{cc.name}"),
-            config_file=self.config.source,
-        )
-        try:
-            consumer = factory(ctx)
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise PluginError(f"Plugin {cc.plugin!r} failed to create consumer {cc.name!r}: {exc}") from exc
-        if not isinstance(consumer, Consumer):
-            raise PluginError(f"Plugin {cc.plugin!r} returned {type(consumer).__name__}, not a Consumer")
-        if getattr(consumer, "name", None) != cc.name:
-            consumer.name = cc.name
-        if cc.concurrency is not None:
-            consumer.concurrency = cc.concurrency
+        consumer = build_consumer(cc, records, self._private_dir(records, cc.name), self.config.source, trigger)
         return consumer, records
 
     def _slot(self, consumer: Consumer, records: RecordStore, cc: ConsumerConfig | None) -> Slot:
-        filt = PathFilter(
-            roots=tuple(Path(r) for r in consumer.roots),
-            include=cc.include if cc else (),
-            exclude=cc.exclude if cc else (),
-            ignore_defaults=cc.ignore_defaults if cc else True,
-            recursive=cc.recursive if cc else True,
-        )
         queue = WorkQueue(consumer, records, concurrency=consumer.concurrency, on_change=self._notify,
                           clock=self._clock)
-        return Slot(consumer, filt, records, queue)
+        return Slot(consumer, path_filter(consumer, cc), records, queue)
 
     # Lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> Reloader:
