@@ -1,11 +1,12 @@
 """reloadd: keep a Kubernetes node in step with files on its disk, the moment they change."""
 
 from ._config import Config, ConsumerConfig, load_config, parse_config
-from ._consumer import BaseConsumer, Consumer, ConsumerContext, ConsumerFactory
+from ._consumer import BaseConsumer, Consumer, ConsumerContext, ConsumerFactory, Planner
 from ._errors import (
     ConfigError,
     ConsumerError,
     PermanentError,
+    PlanUnsupportedError,
     PluginError,
     ReloaddError,
     StateError,
@@ -29,6 +30,8 @@ from ._types import (
     Fingerprint,
     JSONValue,
     PathRecord,
+    Plan,
+    PlannedChange,
     Reason,
     Reject,
     Result,
@@ -58,6 +61,10 @@ __all__ = [
     "PathFilter",
     "PathRecord",
     "PermanentError",
+    "Plan",
+    "PlanUnsupportedError",
+    "PlannedChange",
+    "Planner",
     "PluginError",
     "Reason",
     "Reject",

@@ -1,0 +1,86 @@
+"""``reloadd plan`` with exec: it cannot plan, but lists exactly the paths the next pass hands over."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ..planning import consumer_doc, pending, real_pass, run_plan, run_text_plan, write_config
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _batches(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+
+
+async def test_exec_cannot_plan_but_lists_what_the_next_pass_hands_over(tmp_path: Path) -> None:
+    watched = tmp_path / "w"
+    watched.mkdir()
+    log = tmp_path / "batches.jsonl"
+    for name in ("modified.conf", "deleted.conf", "touched.conf", "same.conf"):
+        (watched / name).write_text(f"{name}\n")
+    (watched / "ignored.swp").write_text("editor droppings are not handed over\n")
+    config = write_config(tmp_path, {
+        "name": "hook", "plugin": "exec", "paths": [str(watched)],
+        "options": {"command": ["sh", "-c", f"cat >> {log}; echo >> {log}"]},
+    })
+    await real_pass(config)
+    assert len(_batches(log)) == 1
+    log.unlink()
+
+    (watched / "modified.conf").write_text("new content\n")
+    (watched / "deleted.conf").unlink()
+    st = os.stat(watched / "touched.conf")
+    os.utime(watched / "touched.conf", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # times only: no change
+    (watched / "added.conf").write_text("added\n")
+
+    rc, doc, err = await run_plan(config)
+    assert rc == 0, err  # exec cannot plan: it does not decide the exit code
+    hook = consumer_doc(doc, "hook")
+    assert hook["status"] == "cannot-plan" and "effects cannot be known" in hook["reason"]
+    expected = {
+        (str(watched / "modified.conf"), "modified"),
+        (str(watched / "deleted.conf"), "deleted"),
+        (str(watched / "added.conf"), "added"),
+    }
+    assert pending(doc, "hook") == expected
+    rc, text = await run_text_plan(config)
+    assert rc == 0 and "consumer hook (exec): cannot plan:" in text
+    assert f"would hand over: deleted {watched / 'deleted.conf'}" in text
+
+    await real_pass(config)
+    handed = {(c["path"], c["kind"]) for b in _batches(log) for c in b["changes"]}
+    assert handed == expected
+
+    rc, doc, err = await run_plan(config)
+    assert rc == 0, err
+    assert pending(doc, "hook") == set()
+
+
+async def test_plan_writes_no_state(tmp_path: Path) -> None:
+    watched = tmp_path / "w"
+    watched.mkdir()
+    (watched / "a.conf").write_text("a\n")
+    config = write_config(tmp_path, {"name": "hook", "plugin": "exec", "paths": [str(watched)],
+                                     "options": {"command": ["true"]}})
+    rc, doc, err = await run_plan(config)
+    assert rc == 0, err
+    assert pending(doc, "hook") == {(str(watched / "a.conf"), "added")}
+    assert not (tmp_path / "state").exists()
+
+
+async def test_invalid_config_exits_1_naming_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[reloadd]\nquiet = 'soon'\n")
+    rc, doc, err = await run_plan(config)
+    assert rc == 1 and doc is None
+    assert "bad.toml [reloadd]: key 'quiet'" in err
+    config.write_text('[[consumer]]\nname = "x"\nplugin = "exec"\npaths = ["."]\n[consumer.options]\ncommand = []\n')
+    rc, doc, err = await run_plan(config)
+    assert rc == 1
+    assert consumer_doc(doc, "x")["status"] == "error"
+    assert "'command' must be a non-empty list" in err
