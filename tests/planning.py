@@ -76,3 +76,16 @@ def planned(doc: Any, name: str) -> set[tuple[str, str, str]]:
     """``(path, action, target)`` of every planned change of one consumer."""
     changes = consumer_doc(doc, name)["changes"]
     return {(p, c["action"], c["target"]) for p, cs in changes.items() for c in cs}
+
+
+def tree(root: Path, pattern: str = "*") -> dict[Path, bytes]:
+    """Every regular file under ``root`` matching ``pattern``, with its content."""
+    return {p: p.read_bytes() for p in sorted(root.rglob(pattern)) if p.is_file()} if root.exists() else {}
+
+
+def tree_changes(before: dict[Path, bytes], after: dict[Path, bytes]) -> set[tuple[str, str]]:
+    """``(path, create|update|remove)`` between two :func:`tree` snapshots."""
+    out = {(str(p), "create") for p in after.keys() - before.keys()}
+    out |= {(str(p), "remove") for p in before.keys() - after.keys()}
+    out |= {(str(p), "update") for p in before.keys() & after.keys() if before[p] != after[p]}
+    return out
