@@ -84,3 +84,25 @@ async def test_invalid_config_exits_1_naming_the_file(tmp_path: Path) -> None:
     assert rc == 1
     assert consumer_doc(doc, "x")["status"] == "error"
     assert "'command' must be a non-empty list" in err
+
+
+async def test_exit_code_is_decided_by_the_consumers_that_can_plan(tmp_path: Path) -> None:
+    watched = tmp_path / "w"
+    conf_d = tmp_path / "registries.conf.d"
+    watched.mkdir()
+    conf_d.mkdir()
+    (watched / "a.conf").write_text("a\n")
+    mirrors = {"name": "mirrors", "plugin": "registry-mirrors", "paths": [],
+               "options": {"registries_conf": str(tmp_path / "registries.conf"), "registries_conf_d": str(conf_d),
+                           "hosts_dir": str(tmp_path / "certs.d"), "certs_dirs": [], "containerd_config": ""}}
+    hook = {"name": "hook", "plugin": "exec", "paths": [str(watched)], "options": {"command": ["true"]}}
+    config = write_config(tmp_path, hook, mirrors)
+    rc, doc, err = await run_plan(config)
+    assert rc == 0, err  # exec has a pending path, mirrors nothing to write
+    assert [c["status"] for c in doc["consumers"]] == ["cannot-plan", "unchanged"]
+    (conf_d / "10-a.conf").write_text('[[registry]]\nprefix = "a.example.com"\nlocation = "a.example.com"\n'
+                                      '[[registry.mirror]]\nlocation = "127.0.0.1:5001"\ninsecure = true\n')
+    rc, doc, err = await run_plan(config)
+    assert rc == 2, err
+    assert doc["changes"] is True and doc["exit_code"] == 2
+    assert [c["status"] for c in doc["consumers"]] == ["cannot-plan", "changes"]
