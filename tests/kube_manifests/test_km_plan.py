@@ -101,3 +101,22 @@ async def test_unreachable_api_server_exits_1(kube: KubeCluster, tmp_path: Path)
     assert rc == 1
     assert consumer_doc(doc, "manifests")["status"] == "error"
     assert "consumer 'manifests': failed to plan:" in err
+
+
+async def test_skip_marker_plans_the_removal_the_pass_makes(kube: KubeCluster, tmp_path: Path, namespace: str) -> None:
+    root = tmp_path / "manifests"
+    root.mkdir()
+    config = write_config(tmp_path, {
+        "name": "manifests", "plugin": "kube-manifests", "paths": [str(root)],
+        "options": {"kubeconfig": str(kube.kubeconfig), "move_grace": "0s"},
+    })
+    a = root / "a.yaml"
+    _write(a, [cm("s1", namespace, v="1"), cm("s2", namespace, v="1")])
+    await _plan_then_pass(config, kube, namespace)
+    (root / "a.yaml.skip").write_text("")
+    changes, _ = await _plan_then_pass(config, kube, namespace)
+    assert changes == {(str(a), "prune", f"ConfigMap {namespace}/s1"), (str(a), "prune", f"ConfigMap {namespace}/s2")}
+    (root / "a.yaml.skip").unlink()
+    changes, _ = await _plan_then_pass(config, kube, namespace)
+    assert {(action, target) for _, action, target in changes} == {
+        ("create", f"ConfigMap {namespace}/s1"), ("create", f"ConfigMap {namespace}/s2")}
