@@ -19,12 +19,12 @@ def _write(path: Path, objs: list[dict[str, Any]]) -> None:
 
 
 def _live(kube: KubeCluster, namespace: str) -> dict[str, Any]:
-    """The test namespace's ConfigMaps as the pass leaves them: name → (data, labels)."""
+    """The test namespace's ConfigMaps as the pass leaves them, ApplySet parents aside: name → (data, labels)."""
     items = kube.get(f"/api/v1/namespaces/{namespace}/configmaps")["items"]
     return {
         f"ConfigMap {namespace}/{o['metadata']['name']}": (o.get("data"), o["metadata"].get("labels"))
         for o in items
-        if o["metadata"]["name"] != "kube-root-ca.crt"
+        if o["metadata"]["name"] != "kube-root-ca.crt" and not o["metadata"]["name"].startswith("reloadd-")
     }
 
 
@@ -32,6 +32,21 @@ def _live_changes(before: dict[str, Any], after: dict[str, Any]) -> set[tuple[st
     out = {(t, "create") for t in after.keys() - before.keys()}
     out |= {(t, "prune") for t in before.keys() - after.keys()}
     return out | {(t, "update") for t in before.keys() & after.keys() if before[t] != after[t]}
+
+
+def _setup(tmp_path: Path, kubeconfig: Path, namespace: str = "default") -> tuple[Path, Path]:
+    """An empty manifests folder and a config watching it (no move grace: removals in the same pass).
+
+    The ApplySet parents live in the test's namespace: they are keyed by consumer and file name, so in
+    kube-system the ``a.yaml`` of another test (same session, same cluster) would be this one's.
+    """
+    root = tmp_path / "manifests"
+    root.mkdir()
+    config = write_config(tmp_path, {
+        "name": "manifests", "plugin": "kube-manifests", "paths": [str(root)],
+        "options": {"kubeconfig": str(kubeconfig), "move_grace": "0s", "namespace": namespace},
+    })
+    return root, config
 
 
 async def _plan_then_pass(config: Path, kube: KubeCluster, namespace: str) -> tuple[set[tuple[str, str, str]], Any]:
@@ -49,12 +64,7 @@ async def _plan_then_pass(config: Path, kube: KubeCluster, namespace: str) -> tu
 
 
 async def test_plan_matches_the_real_pass(kube: KubeCluster, tmp_path: Path, namespace: str) -> None:
-    root = tmp_path / "manifests"
-    root.mkdir()
-    config = write_config(tmp_path, {
-        "name": "manifests", "plugin": "kube-manifests", "paths": [str(root)],
-        "options": {"kubeconfig": str(kube.kubeconfig), "move_grace": "0s"},
-    })
+    root, config = _setup(tmp_path, kube.kubeconfig, namespace)
     a, b, x, y = (root / n for n in ("a.yaml", "b.yaml", "x.yaml", "y.yaml"))
     _write(a, [cm("a1", namespace, v="1"), cm("a2", namespace, v="1")])
     _write(b, [cm("b1", namespace, v="1")])
@@ -88,15 +98,10 @@ async def test_plan_matches_the_real_pass(kube: KubeCluster, tmp_path: Path, nam
 
 
 async def test_unreachable_api_server_exits_1(kube: KubeCluster, tmp_path: Path) -> None:
-    root = tmp_path / "manifests"
-    root.mkdir()
-    _write(root / "a.yaml", [cm("a1", "default", v="1")])
     dead = tmp_path / "dead.kubeconfig"
     dead.write_text(kube.kubeconfig.read_text().replace(kube.server, "https://127.0.0.1:1"))
-    config = write_config(tmp_path, {
-        "name": "manifests", "plugin": "kube-manifests", "paths": [str(root)],
-        "options": {"kubeconfig": str(dead)},
-    })
+    root, config = _setup(tmp_path, dead)
+    _write(root / "a.yaml", [cm("a1", "default", v="1")])
     rc, doc, err = await run_plan(config)
     assert rc == 1
     assert consumer_doc(doc, "manifests")["status"] == "error"
@@ -104,19 +109,14 @@ async def test_unreachable_api_server_exits_1(kube: KubeCluster, tmp_path: Path)
 
 
 async def test_skip_marker_plans_the_removal_the_pass_makes(kube: KubeCluster, tmp_path: Path, namespace: str) -> None:
-    root = tmp_path / "manifests"
-    root.mkdir()
-    config = write_config(tmp_path, {
-        "name": "manifests", "plugin": "kube-manifests", "paths": [str(root)],
-        "options": {"kubeconfig": str(kube.kubeconfig), "move_grace": "0s"},
-    })
-    a = root / "a.yaml"
+    root, config = _setup(tmp_path, kube.kubeconfig, namespace)
+    a = root / "skipped.yaml"
     _write(a, [cm("s1", namespace, v="1"), cm("s2", namespace, v="1")])
     await _plan_then_pass(config, kube, namespace)
-    (root / "a.yaml.skip").write_text("")
+    (root / "skipped.yaml.skip").write_text("")
     changes, _ = await _plan_then_pass(config, kube, namespace)
     assert changes == {(str(a), "prune", f"ConfigMap {namespace}/s1"), (str(a), "prune", f"ConfigMap {namespace}/s2")}
-    (root / "a.yaml.skip").unlink()
+    (root / "skipped.yaml.skip").unlink()
     changes, _ = await _plan_then_pass(config, kube, namespace)
     assert {(action, target) for _, action, target in changes} == {
         ("create", f"ConfigMap {namespace}/s1"), ("create", f"ConfigMap {namespace}/s2")}
