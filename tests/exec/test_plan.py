@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from reloadd import Reloader, load_config
+
 from ..planning import consumer_doc, pending, real_pass, run_plan, run_text_plan, write_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -106,3 +108,27 @@ async def test_exit_code_is_decided_by_the_consumers_that_can_plan(tmp_path: Pat
     assert rc == 2, err
     assert doc["changes"] is True and doc["exit_code"] == 2
     assert [c["status"] for c in doc["consumers"]] == ["cannot-plan", "changes"]
+
+
+async def test_plan_beside_a_running_daemon(tmp_path: Path) -> None:
+    """The daemon holds the state lock; plan reads its records anyway and leaves the state files alone."""
+    watched = tmp_path / "w"
+    watched.mkdir()
+    (watched / "a.conf").write_text("a\n")
+    config = write_config(tmp_path, {"name": "hook", "plugin": "exec", "paths": [str(watched)],
+                                     "options": {"command": ["true"]}})
+    async with Reloader(load_config(config)) as daemon:
+        await daemon.wait_idle(30)
+        consumer_state = tmp_path / "state" / "consumers" / "hook"
+        journal = next(consumer_state.glob("records.journal.*"))
+        with open(journal, "a") as fh:
+            fh.write('{"p": "/torn", "r"')  # a half-written line, as after a crash mid-append
+        before = {p.name: p.read_bytes() for p in consumer_state.iterdir() if p.is_file()}
+        rc, doc, err = await run_plan(config)
+        assert rc == 0, err
+        assert pending(doc, "hook") == set()  # the daemon's acknowledgement is read
+        assert {p.name: p.read_bytes() for p in consumer_state.iterdir() if p.is_file()} == before
+        (watched / "b.conf").write_text("b\n")
+        rc, doc, err = await run_plan(config)  # may race the daemon: b.conf is pending or already handled
+        assert rc == 0, err
+        assert pending(doc, "hook") <= {(str(watched / "b.conf"), "added")}
