@@ -15,6 +15,15 @@ from ..planning import consumer_doc, pending, real_pass, run_plan, run_text_plan
 pytestmark = pytest.mark.timeout(120)
 
 
+def _hook(tmp_path: Path) -> tuple[Path, Path]:
+    """A watched folder holding ``a.conf`` and a config with an exec consumer ``hook`` on it."""
+    watched = tmp_path / "w"
+    watched.mkdir()
+    (watched / "a.conf").write_text("a\n")
+    return watched, write_config(tmp_path, {"name": "hook", "plugin": "exec", "paths": [str(watched)],
+                                            "options": {"command": ["true"]}})
+
+
 def _batches(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
 
@@ -64,11 +73,7 @@ async def test_exec_cannot_plan_but_lists_what_the_next_pass_hands_over(tmp_path
 
 
 async def test_plan_writes_no_state(tmp_path: Path) -> None:
-    watched = tmp_path / "w"
-    watched.mkdir()
-    (watched / "a.conf").write_text("a\n")
-    config = write_config(tmp_path, {"name": "hook", "plugin": "exec", "paths": [str(watched)],
-                                     "options": {"command": ["true"]}})
+    watched, config = _hook(tmp_path)
     rc, doc, err = await run_plan(config)
     assert rc == 0, err
     assert pending(doc, "hook") == {(str(watched / "a.conf"), "added")}
@@ -112,11 +117,7 @@ async def test_exit_code_is_decided_by_the_consumers_that_can_plan(tmp_path: Pat
 
 async def test_plan_beside_a_running_daemon(tmp_path: Path) -> None:
     """The daemon holds the state lock; plan reads its records anyway and leaves the state files alone."""
-    watched = tmp_path / "w"
-    watched.mkdir()
-    (watched / "a.conf").write_text("a\n")
-    config = write_config(tmp_path, {"name": "hook", "plugin": "exec", "paths": [str(watched)],
-                                     "options": {"command": ["true"]}})
+    watched, config = _hook(tmp_path)
     async with Reloader(load_config(config)) as daemon:
         await daemon.wait_idle(30)
         consumer_state = tmp_path / "state" / "consumers" / "hook"
