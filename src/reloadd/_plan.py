@@ -139,7 +139,7 @@ def pending_changes(consumer: Consumer, filt: PathFilter, records: RecordStore) 
     digests = DigestCache()
     out: list[Change] = []
     for _, path in dict.fromkeys(diff.observe):
-        if path not in records and not (filt(path) and consumer.accepts(path)):
+        if path not in records and not (filt(path) and _accepts(consumer, path)):
             continue
         root = filt.root_of(path) or path.parent
         fp = probe(path, root).fingerprint
@@ -151,6 +151,15 @@ def pending_changes(consumer: Consumer, filt: PathFilter, records: RecordStore) 
         if needed(rec, fp, digest) is Needed.YES:
             out.append(Change(path, change_kind(rec, fp), fp, digest, False, root))
     return tuple(sorted(out, key=lambda c: c.path))
+
+
+def _accepts(consumer: Consumer, path: Path) -> bool:
+    """``consumer.accepts`` as the engine calls it: raising counts as ``False``."""
+    try:
+        return bool(consumer.accepts(path))
+    except Exception as exc:
+        log.error("Failed to filter %s in consumer %s: %s", path, consumer.name, exc)
+        return False
 
 
 async def plan(config: Config) -> PlanReport:
