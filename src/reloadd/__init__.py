@@ -2,11 +2,12 @@
 
 from ._command import CommandError, CommandResult, run_command
 from ._config import Config, ConsumerConfig, load_config, parse_config
-from ._consumer import BaseConsumer, Consumer, ConsumerContext, ConsumerFactory
+from ._consumer import BaseConsumer, Consumer, ConsumerContext, ConsumerFactory, Planner
 from ._errors import (
     ConfigError,
     ConsumerError,
     PermanentError,
+    PlanUnsupportedError,
     PluginError,
     ReloaddError,
     StateError,
@@ -30,6 +31,8 @@ from ._types import (
     Fingerprint,
     JSONValue,
     PathRecord,
+    Plan,
+    PlannedChange,
     Reason,
     Reject,
     Result,
@@ -62,6 +65,10 @@ __all__ = [
     "PathFilter",
     "PathRecord",
     "PermanentError",
+    "Plan",
+    "PlanUnsupportedError",
+    "PlannedChange",
+    "Planner",
     "PluginError",
     "Reason",
     "Reject",

@@ -11,17 +11,19 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ._config import ConsumerConfig
 from ._consumer import Consumer, ConsumerContext
 from ._errors import ConfigError, PluginError
+from ._filters import PathFilter
 from ._plugins import CONSUMER_GROUP, load
 from ._state import RecordStore
+from ._types import PathRecord
 
-__all__ = ["PrivateDirs", "Trigger", "bind", "build_configured", "embedded_config", "records_for"]
+__all__ = ["PrivateDirs", "Trigger", "bind", "build_consumer", "embedded_config", "path_filter", "records_for"]
 
 Trigger = Callable[[Iterable[Path] | None], None]
 
@@ -61,10 +63,16 @@ class PrivateDirs:
             self._scratch = None
 
 
-def build_configured(
-    cc: ConsumerConfig, records: RecordStore, private: Path, trigger: Trigger, config_file: Path | None
+def build_consumer(
+    cc: ConsumerConfig,
+    records: Mapping[Path, PathRecord],
+    private: Path,
+    config_file: Path | None,
+    trigger: Trigger = lambda paths: None,
 ) -> Consumer:
-    """Create a configured consumer through its plugin's factory.
+    """Create the consumer of a ``[[consumer]]`` table through its plugin's factory.
+
+    Shared by :class:`~reloadd.Reloader` and ``reloadd plan``, so both see the very same consumer.
 
     Raises:
         ConfigError: the plugin rejected its options.
@@ -94,6 +102,17 @@ def build_configured(
     if cc.concurrency is not None:
         consumer.concurrency = cc.concurrency
     return consumer
+
+
+def path_filter(consumer: Consumer, cc: ConsumerConfig) -> PathFilter:
+    """The path filter of a consumer: its roots with the table's include/exclude rules."""
+    return PathFilter(
+        roots=tuple(Path(r) for r in consumer.roots),
+        include=cc.include,
+        exclude=cc.exclude,
+        ignore_defaults=cc.ignore_defaults,
+        recursive=cc.recursive,
+    )
 
 
 def embedded_config(consumer: Consumer) -> ConsumerConfig:

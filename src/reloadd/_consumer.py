@@ -11,6 +11,9 @@ same way::
 The engine owns everything around ``handle``: settling, de-duplication, one batch
 in flight per path, retries with backoff, persistence of acknowledged fingerprints
 and of the consumer's own per-path data.
+
+A consumer may also be a :class:`Planner`: ``reloadd plan`` then asks it what its
+next pass would change, without changing it.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ._types import Batch, PathRecord, Result
+from ._errors import PlanUnsupportedError
+from ._types import Batch, PathRecord, Plan, Result
 
-__all__ = ["BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory"]
+__all__ = ["BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory", "Planner"]
 
 
 @runtime_checkable
@@ -68,6 +72,27 @@ class Consumer(Protocol):
 
     async def close(self) -> None:
         """Release resources; called once on shutdown."""
+        ...
+
+
+@runtime_checkable
+class Planner(Protocol):
+    """The optional half of the contract ``reloadd plan`` uses (kept apart so a consumer without it still is one)."""
+
+    async def plan(self, batch: Batch) -> Plan:
+        """Say what handling ``batch`` would change, changing nothing.
+
+        ``batch`` holds what the next pass would hand over (the same walk and records
+        comparison the engine makes at start-up), possibly nothing: a consumer that
+        reconciles everything at :meth:`Consumer.start` reports that part too. The
+        consumer has *not* been started (``start`` may act): connect read-only here,
+        release in ``close()``, which is called afterwards. Write nothing, neither to
+        the system it drives nor to ``ctx.state_dir``.
+
+        Raises:
+            PlanUnsupportedError: it cannot tell (the consumer is reported as such).
+            ReloaddError: it could not find out (the plan fails, exit code 1).
+        """
         ...
 
 
@@ -128,6 +153,14 @@ class BaseConsumer:
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
         """Subclasses must implement this."""
         raise NotImplementedError
+
+    async def plan(self, batch: Batch) -> Plan:
+        """Cannot plan unless overridden (see :class:`Planner`).
+
+        Raises:
+            PlanUnsupportedError: always.
+        """
+        raise PlanUnsupportedError(f"{type(self).__name__} does not implement plan()")
 
     async def close(self) -> None:
         """Nothing to release by default."""

@@ -10,6 +10,7 @@ boundary where they occur, with ``raise ... from exc`` so the cause stays visibl
     ├── WatchError             the watch could not be armed or died
     │   └── WatchLimitError    an inotify kernel limit (ENOSPC / EMFILE) was hit
     ├── StateError             the state directory could not be read or written
+    ├── PlanUnsupportedError   a consumer cannot say what it would change (``reloadd plan``)
     └── ConsumerError          a consumer failed to act on a path
         ├── TransientError     worth retrying with backoff (a socket down, a 503)
         └── PermanentError     retrying cannot help until the file changes
@@ -21,6 +22,7 @@ __all__ = [
     "ConfigError",
     "ConsumerError",
     "PermanentError",
+    "PlanUnsupportedError",
     "PluginError",
     "ReloaddError",
     "StateError",
@@ -60,6 +62,13 @@ class WatchLimitError(WatchError):
 
 class StateError(ReloaddError):
     """The state directory could not be read or written."""
+
+
+class PlanUnsupportedError(ReloaddError):
+    """A consumer cannot tell what it would change without doing it (``exec`` runs any command).
+
+    ``reloadd plan`` reports the message for that consumer; it does not count as an error.
+    """
 
 
 class ConsumerError(ReloaddError):

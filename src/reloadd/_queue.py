@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -24,7 +25,7 @@ from ._errors import ConsumerError, PermanentError, StateError
 from ._state import RecordStore
 from ._types import Ack, Batch, Change, ChangeKind, Fingerprint, PathRecord, Reason, Reject, Result, Retry
 
-__all__ = ["Item", "QueueCounts", "QueueStats", "WorkQueue"]
+__all__ = ["Item", "Needed", "QueueCounts", "QueueStats", "WorkQueue", "change_kind", "needed"]
 
 log = logging.getLogger("reloadd.queue")
 
@@ -68,6 +69,42 @@ class QueueStats:
     retried: int = 0
     dropped_unchanged: int = 0
     last_success: float | None = None
+
+
+class Needed(enum.Enum):
+    """Whether a settled path must be handed over, compared with its record."""
+
+    YES = "yes"
+    """It differs from what the consumer acknowledged (or the hand-over is forced)."""
+
+    NO = "no"
+    """Same fingerprint as acknowledged, or gone and never acknowledged."""
+
+    SAME_CONTENT = "same-content"
+    """Only times (or the inode) moved: the content digest equals the acknowledged one."""
+
+
+def needed(rec: PathRecord | None, fingerprint: Fingerprint | None, digest: str | None, *,
+           forced: bool = False) -> Needed:
+    """The queue's de-duplication rule, shared with ``reloadd plan`` (pure)."""
+    if forced:
+        return Needed.YES
+    if fingerprint is None:
+        return Needed.YES if rec is not None else Needed.NO
+    if rec is None:
+        return Needed.YES
+    if rec.fingerprint == fingerprint:
+        return Needed.NO
+    if digest is not None and rec.digest == digest:
+        return Needed.SAME_CONTENT
+    return Needed.YES
+
+
+def change_kind(rec: PathRecord | None, fingerprint: Fingerprint | None) -> ChangeKind:
+    """What a needed hand-over is to the consumer: added, modified or deleted (pure)."""
+    if fingerprint is None:
+        return ChangeKind.DELETED
+    return ChangeKind.ADDED if rec is None else ChangeKind.MODIFIED
 
 
 def _backoff(initial: float, maximum: float) -> Callable[[int], float]:
@@ -241,23 +278,15 @@ class WorkQueue:
         self._on_change()
 
     def _needed(self, item: Item) -> bool:
-        if item.forced:
-            return True
         rec = self.records.get(item.path)
-        if item.fingerprint is None:
-            return rec is not None
-        if rec is None:
-            return True
-        if rec.fingerprint == item.fingerprint:
-            self.stats.dropped_unchanged += 1
-            return False
-        if item.digest is not None and rec.digest == item.digest:
+        verdict = needed(rec, item.fingerprint, item.digest, forced=item.forced)
+        if verdict is Needed.SAME_CONTENT and rec is not None:
             # Same content, only times (or the inode) moved: remember the new
             # fingerprint so the next comparison is a cheap one.
             self.records.put(item.path, replace(rec, fingerprint=item.fingerprint))
+        if verdict is not Needed.YES and item.fingerprint is not None and rec is not None:
             self.stats.dropped_unchanged += 1
-            return False
-        return True
+        return verdict is Needed.YES
 
     # Dispatch --------------------------------------------------------------------
     def recheck(self) -> None:
@@ -360,13 +389,7 @@ class WorkQueue:
         self._on_change()
 
     def _change_of(self, item: Item) -> Change:
-        rec = self.records.get(item.path)
-        if item.fingerprint is None:
-            kind = ChangeKind.DELETED
-        elif rec is None:
-            kind = ChangeKind.ADDED
-        else:
-            kind = ChangeKind.MODIFIED
+        kind = change_kind(self.records.get(item.path), item.fingerprint)
         return Change(item.path, kind, item.fingerprint, item.digest, item.forced, item.root)
 
     async def _run_batch(self, items: list[Item]) -> None:

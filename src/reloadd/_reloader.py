@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from ._aggregator import Aggregator, Timing
-from ._building import PrivateDirs, Trigger, bind, build_configured, embedded_config, records_for
+from ._building import PrivateDirs, Trigger, bind, build_consumer, embedded_config, path_filter, records_for
 from ._config import Config, ConsumerConfig
 from ._consumer import Consumer
 from ._engine import Engine, Force, Slot
 from ._errors import ConfigError, WatchLimitError
-from ._filters import PathFilter
 from ._order import check_after, group_matcher
 from ._plugins import SOURCE_GROUP, load
 from ._queue import WorkQueue
@@ -111,13 +110,7 @@ class Reloader:
         return trigger
 
     def _slot(self, consumer: Consumer, records: RecordStore, cc: ConsumerConfig) -> Slot:
-        filt = PathFilter(
-            roots=tuple(Path(r) for r in consumer.roots),
-            include=cc.include,
-            exclude=cc.exclude,
-            ignore_defaults=cc.ignore_defaults,
-            recursive=cc.recursive,
-        )
+        filt = path_filter(consumer, cc)
         custom = getattr(consumer, "group", None)
         group_of = custom if callable(custom) else group_matcher(cc.group, filt.roots)
         name = consumer.name
@@ -182,7 +175,7 @@ class Reloader:
             records = await asyncio.to_thread(records_for, cfg.state_dir, cc.name)
             private = await asyncio.to_thread(self._private.get, records, cc.name)
             consumer = await asyncio.to_thread(
-                build_configured, cc, records, private, self._trigger_for(cc.name), cfg.source)
+                build_consumer, cc, records, private, cfg.source, self._trigger_for(cc.name))
             built.append((consumer, records, cc))
         for consumer in self._extra:
             records = await asyncio.to_thread(records_for, cfg.state_dir, consumer.name)

@@ -146,15 +146,42 @@ class RecordStore(Mapping[Path, PathRecord]):
         return self.directory / f"records.journal.{self._gen}"
 
     # Persistence ---------------------------------------------------------------------
-    def load(self) -> None:
-        """Read snapshot and journal (blocking; nothing to read when in memory)."""
+    def load(self, *, read_only: bool = False) -> None:
+        """Read snapshot and journal (blocking; nothing to read when in memory).
+
+        Args:
+            read_only: Touch nothing (``reloadd plan`` beside a running daemon): no
+                directory is created or chmod-ed, a torn journal tail is skipped but not
+                truncated, and a snapshot compacted by the daemon meanwhile is read again.
+        """
         if self.directory is None:
             return
+        if not read_only:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+                os.chmod(self.directory, 0o700)
+            except OSError as exc:
+                raise StateError(f"Failed to create state directory {self.directory}: {exc.strerror}") from exc
+        for _ in range(5):  # a daemon compacting between our two reads: read both again
+            records, lines, good_end = self._read()
+            if not read_only or self._read_gen() == self._gen:
+                break
+        if not read_only and good_end is not None and os.path.getsize(self._journal) != good_end:
+            try:
+                os.truncate(self._journal, good_end)  # the next append must not glue onto a torn line
+            except OSError as exc:
+                raise StateError(f"Failed to read {self._journal}: {exc.strerror}") from exc
+        self._records = records
+        self._journal_lines = lines
+
+    def _read_gen(self) -> int:
         try:
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(self.directory, 0o700)
-        except OSError as exc:
-            raise StateError(f"Failed to create state directory {self.directory}: {exc.strerror}") from exc
+            return int(json.loads(self._snapshot.read_bytes()).get("gen", 0))
+        except (OSError, ValueError, AttributeError, TypeError):
+            return 0
+
+    def _read(self) -> tuple[dict[Path, PathRecord], int, int | None]:
+        """Snapshot plus journal: the records, the journal's line count, and where its good part ends."""
         records: dict[Path, PathRecord] = {}
         self._gen = 0
         try:
@@ -166,6 +193,8 @@ class RecordStore(Mapping[Path, PathRecord]):
                 records[Path(p)] = _decode(r)
         except FileNotFoundError:
             pass
+        except OSError as exc:
+            raise StateError(f"Failed to read {self._snapshot}: {exc.strerror}") from exc
         except (ValueError, AttributeError, TypeError) as exc:
             raise StateError(f"{self._snapshot}: corrupt state file: {exc}") from exc
         lines = 0
@@ -187,14 +216,11 @@ class RecordStore(Mapping[Path, PathRecord]):
                         records.pop(path, None)
                     else:
                         records[path] = _decode(op.get("r", {}))
-            if os.path.getsize(self._journal) != good_end:
-                os.truncate(self._journal, good_end)  # the next append must not glue onto a torn line
         except FileNotFoundError:
-            pass
+            return records, lines, None
         except OSError as exc:
             raise StateError(f"Failed to read {self._journal}: {exc.strerror}") from exc
-        self._records = records
-        self._journal_lines = lines
+        return records, lines, good_end
 
     def put(self, path: Path, record: PathRecord) -> None:
         """Set the record of ``path`` (buffered until :meth:`flush`)."""

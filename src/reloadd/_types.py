@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -16,6 +17,8 @@ __all__ = [
     "Fingerprint",
     "JSONValue",
     "PathRecord",
+    "Plan",
+    "PlannedChange",
     "Reason",
     "Reject",
     "Result",
@@ -172,3 +175,41 @@ class PathRecord:
     digest: str | None = None
     data: JSONValue = None
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedChange:
+    """One thing a consumer's next pass would change (``reloadd plan``).
+
+    Attributes:
+        action: A verb: ``import``, ``pull``, ``unpin``, ``create``, ``update``, ``remove``, ``prune``...
+        target: What it acts on: an image reference, a file, ``Kind namespace/name``.
+        diff: A unified diff of the change when there is text to compare, else ``""``.
+        detail: More JSON-able facts (digests, sizes), for ``--json``.
+    """
+
+    action: str
+    target: str
+    diff: str = ""
+    detail: JSONValue = None
+
+    @property
+    def line(self) -> str:
+        """The human one-liner, ``"<action> <target>"``."""
+        return f"{self.action} {self.target}"
+
+    def to_json(self) -> dict[str, JSONValue]:
+        """The JSON form ``reloadd plan --json`` prints."""
+        out: dict[str, JSONValue] = {"action": self.action, "target": self.target}
+        if self.diff:
+            out["diff"] = self.diff
+        if self.detail is not None:
+            out["detail"] = self.detail
+        return out
+
+
+Plan: TypeAlias = Mapping[Path, Sequence[PlannedChange]]
+"""What ``plan()`` returns: per path (an input, or a file the consumer writes), what would change.
+
+A path mapped to an empty sequence would be handed over but change nothing.
+"""

@@ -1,4 +1,4 @@
-"""``reloadd`` command line: run, check, reload, status.
+"""``reloadd`` command line: run, check, plan, reload, status.
 
 The only place that configures logging, installs default signal handlers and exits.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
@@ -20,6 +21,7 @@ from ._control import query_status, send_reload
 from ._errors import ReloaddError
 from ._logging import configure_logging
 from ._pidfile import remove_pid_file, signal_pid_file, write_pid_file
+from ._plan import plan
 from ._plugins import CONSUMER_GROUP, load
 from ._reloader import Reloader
 from ._services import services
@@ -37,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     for name, help_ in (
         ("run", "watch and act until stopped (SIGHUP: full resync, SIGTERM/SIGINT: graceful stop)"),
         ("check", "validate the configuration and every plugin's options, then exit"),
+        ("plan", "print what every consumer's next pass would change, changing nothing "
+                 "(exit 0: nothing, 2: something, 1: error)"),
         ("reload", "ask the running daemon for a full resync"),
         ("status", "print the running daemon's consumers, pending and failing paths"),
     ):
@@ -44,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--config", "-c", required=True, type=Path)
         p.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS)
         p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=argparse.SUPPRESS)
-        if name == "status":
+        if name in ("status", "plan"):
             p.add_argument("--json", action="store_true", help="machine-readable output")
     return ap
 
@@ -91,6 +95,22 @@ def _check_in(cfg: Config, state_dir: Path) -> list[str]:
     return problems
 
 
+def _plan(cfg: Config, as_json: bool) -> int:
+    try:
+        report = asyncio.run(plan(cfg))
+    except ReloaddError as exc:
+        print(f"reloadd: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.text())
+    for c in report.consumers:
+        if c.error is not None:
+            print(f"reloadd: consumer {c.name!r}: failed to plan: {c.error}", file=sys.stderr)
+    return report.exit_code
+
+
 def _reload(cfg: Config) -> int:
     if send_reload(cfg):
         print(f"reloadd: asked the daemon on {cfg.control_socket} for a full resync")
@@ -115,7 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(args.config)
     except ReloaddError as exc:
         print(f"reloadd: {exc}", file=sys.stderr)
-        return 2
+        return 1 if args.command == "plan" else 2  # plan's 2 means "something would change"
+    if args.command == "plan":
+        return _plan(cfg, args.json)
     if args.command == "check":
         problems = _check(cfg)
         for p in problems:

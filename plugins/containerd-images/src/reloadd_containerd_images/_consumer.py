@@ -19,6 +19,7 @@ from reloadd import (
     ConsumerContext,
     ConsumerError,
     PermanentError,
+    Plan,
     Reject,
     Result,
     Retry,
@@ -29,6 +30,7 @@ from ._client import CRI_NAMESPACE, ContainerdClient
 from ._importer import LEASE_LABEL, Importer, ImportSettings, lease_expiry
 from ._lists import pull_list, read_list
 from ._oci import host_platform
+from ._preview import ImagePlanner
 from ._settings import Settings
 from ._state import FileImages, state_of
 from ._unpack import ChainLocks
@@ -117,6 +119,27 @@ class ContainerdImagesConsumer(BaseConsumer):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+    async def plan(self, batch: Batch) -> Plan:
+        """Images each path would import, update, relabel or pull, and release (see ``_preview``).
+
+        Read-only: archives are hashed, not ingested; containerd is only asked (Images Get, CRI
+        ImageStatus, Version). The start-up check of recorded images (re-pin, re-import what went
+        missing) is not planned.
+        """
+        planner = ImagePlanner(
+            self.client, self.settings, Importer(self.client, self._import_settings, self.locks, self.log),
+            self.ctx.records, self._plan_labels, lambda p: self._outside_roots(p, None), (PIN_LABEL, SOURCE_LABEL),
+            self.log,
+        )
+        return await planner.plan(batch)
+
+    def _plan_labels(self, path: Path) -> dict[str, str]:
+        """The labels the pass sets on a file's records: pin, the user's, the source file."""
+        labels = {PIN_LABEL: "pinned"} if self.settings.pin else {}
+        labels.update(self.settings.labels)
+        labels[SOURCE_LABEL] = str(path)
+        return labels
 
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
         """Import, pull or release each path of the batch (up to ``concurrency`` at once)."""
@@ -230,9 +253,7 @@ class ContainerdImagesConsumer(BaseConsumer):
             text = await asyncio.to_thread(read_list, path)
         except ValueError as exc:
             return Reject(f"{path}: {exc}", data=self._previous(path))
-        labels = {PIN_LABEL: "pinned"} if self.settings.pin else {}
-        labels.update(self.settings.labels)
-        labels[SOURCE_LABEL] = str(path)
+        labels = self._plan_labels(path)
         res = await pull_list(self.client, text, labels, self.settings.pull_timeout, self.log, path)
         self.stats["images_pulled"] += res.pulled
         self.log.info(

@@ -31,7 +31,7 @@ from ._oci import (
     valid_reference,
 )
 from ._pipeline import EarlyUnpack, build_plan
-from ._unpack import ChainLocks, unpack
+from ._unpack import ChainLocks, UnpackPlan, unpack
 
 __all__ = ["ImportReport", "ImportSettings", "ImportedImage", "Importer"]
 
@@ -78,6 +78,15 @@ class ImportReport:
     ingest_seconds: float = 0.0
     unpack_seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Resolved:
+    """What an archive's index resolves to, before anything is written."""
+
+    images: list[ImportedImage] = field(default_factory=list)
+    unpacks: dict[str, tuple[Descriptor, UnpackPlan]] = field(default_factory=dict)
+    """Top-level target → the platform manifest to unpack and its plan."""
 
 
 class _Walk:
@@ -181,7 +190,41 @@ class Importer:
         rep.bytes_read, rep.bytes_sent = ing.bytes_read, ing.bytes_sent
         rep.blobs, rep.blobs_present = ing.blobs, ing.blobs_present
         walk = _Walk(self.client, ing, self.settings, lease)
-        top = await walk.children(ing.index, "index.json")
+        resolved = await self._resolve(walk, rep)
+        for digest, labels in walk.labels.items():
+            await self.client.set_content_labels(digest, labels, lease)
+        if self.settings.unpack:
+            for chosen, plan in resolved.unpacks.values():
+                t = time.monotonic()
+                st = await early.result_for(chosen.digest) if early is not None else None
+                if st is None:
+                    st = await unpack(self.client, plan, self.settings.snapshotter, lease, self.locks)
+                rep.layers_unpacked += st.layers_applied
+                rep.unpack_seconds += time.monotonic() - t
+        # Records last: kubelet never sees an image whose blobs or snapshots are not there yet.
+        labels = self.record_labels(extra_labels)
+        for image in resolved.images:
+            d = image.target
+            for ref in image.refs:
+                await self.client.upsert_image(ref, Descriptor(d.media_type, d.digest, d.size), labels, lease)
+            rep.images.append(image)
+            self.log.info("Imported image %s (%s) from %s", image.name, d.digest, path)
+
+    def record_labels(self, extra_labels: Mapping[str, str]) -> dict[str, str]:
+        """The labels every image record of an import gets."""
+        labels = dict(self.settings.labels)
+        labels.update(extra_labels)
+        if self.settings.cri:
+            labels["io.cri-containerd.image"] = "managed"
+        return labels
+
+    async def images_of(self, ing: Ingested, rep: ImportReport) -> list[ImportedImage]:
+        """The image records importing ``ing`` makes, found reading only (``reloadd plan``)."""
+        return (await self._resolve(_Walk(self.client, ing, self.settings, ""), rep)).images
+
+    async def _resolve(self, walk: _Walk, rep: ImportReport) -> _Resolved:
+        """Names, platform manifests, unpack plans and record names of an ingested archive (reads only)."""
+        top = await walk.children(walk.ing.index, "index.json")
         named = self._names(top, rep)
         if not named:
             raise BadImageFile(
@@ -194,9 +237,7 @@ class Importer:
                 if not await walk.exists(d.digest):
                     raise BadImageFile(f"index.json lists {d.digest} for {name}, but the blob is missing")
                 manifests[d.digest] = await walk.visit(d, name)
-        for digest, labels in walk.labels.items():
-            await self.client.set_content_labels(digest, labels, lease)
-        configs: dict[str, str] = {}  # top-level target → config of the unpack platform
+        out = _Resolved()
         for target, mans in manifests.items():
             want = self.settings.unpack_platform
             chosen = next((m for m in mans if platform_matches(m.platform, want)), None)
@@ -206,33 +247,18 @@ class Importer:
             cfg_desc = doc.get("config") if isinstance(doc, dict) else None
             cfg = await walk.doc(Descriptor.from_json(cfg_desc), "config") if isinstance(cfg_desc, dict) else None
             plan = build_plan(chosen, doc, cfg, want)
-            if plan is None:
-                continue
-            configs[target] = plan.config.digest
-            if self.settings.unpack:
-                t = time.monotonic()
-                st = await early.result_for(chosen.digest) if early is not None else None
-                if st is None:
-                    st = await unpack(self.client, plan, self.settings.snapshotter, lease, self.locks)
-                rep.layers_unpacked += st.layers_applied
-                rep.unpack_seconds += time.monotonic() - t
-        # Records last: kubelet never sees an image whose blobs or snapshots are not there yet.
+            if plan is not None:
+                out.unpacks[target] = (chosen, plan)
         for name, d in named:
             refs = [name]
-            cfg_digest = configs.get(d.digest)
+            unpacking = out.unpacks.get(d.digest)
             if self.settings.cri:
                 if "@" not in name:
                     refs.append(f"{repo_of(name)}@{d.digest}")
-                if cfg_digest:
-                    refs.append(cfg_digest)
-            labels = dict(self.settings.labels)
-            labels.update(extra_labels)
-            if self.settings.cri:
-                labels["io.cri-containerd.image"] = "managed"
-            for ref in refs:
-                await self.client.upsert_image(ref, Descriptor(d.media_type, d.digest, d.size), labels, lease)
-            rep.images.append(ImportedImage(name, Descriptor(d.media_type, d.digest, d.size), tuple(refs)))
-            self.log.info("Imported image %s (%s) from %s", name, d.digest, path)
+                if unpacking is not None:
+                    refs.append(unpacking[1].config.digest)
+            out.images.append(ImportedImage(name, Descriptor(d.media_type, d.digest, d.size), tuple(refs)))
+        return out
 
     def _names(self, top: list[Descriptor], rep: ImportReport) -> list[tuple[str, Descriptor]]:
         out: list[tuple[str, Descriptor]] = []

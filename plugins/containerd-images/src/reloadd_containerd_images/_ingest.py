@@ -105,6 +105,8 @@ async def ingest(
     lease: str,
     observer: IngestObserver | None = None,
     docs: dict[str, bytes] | None = None,
+    *,
+    dry_run: bool = False,
 ) -> Ingested:
     """Write every blob of ``path`` into containerd under ``lease``; return the index descriptor.
 
@@ -114,6 +116,9 @@ async def ingest(
         lease: The import's lease.
         observer: Told about index.json and each committed blob.
         docs: The document cache to fill (shared with the observer).
+        dry_run: Write nothing (``reloadd plan``): blobs are only hashed (those named by their
+            digest are not even read), so the index, the documents and ``written`` (every blob
+            of the archive) come out as an import would make them.
 
     Raises:
         BadImageFile: not a tar, unsupported layout, malformed or oversized JSON.
@@ -157,7 +162,10 @@ async def ingest(
                 if bm
                 else f"reloadd-{refbase}-{hashlib.sha256(m.name.encode()).hexdigest()[:16]}"
             )
-            wr, head, data = await _write_member(client, reader, m, ref, expected, lease)
+            if dry_run:
+                wr, head, data = await _hash_member(reader, m, expected)
+            else:
+                wr, head, data = await _write_member(client, reader, m, ref, expected, lease)
             if data is not None and data[:1] == b"{" and cached + len(data) <= CACHE_LIMIT:
                 res.docs[wr.digest] = data
                 cached += len(data)
@@ -185,8 +193,33 @@ async def ingest(
     if docker_manifests is None:
         raise BadImageFile("neither an OCI image layout (oci-layout) nor a docker archive (manifest.json)")
     res.docker = True
-    res.index = await _docker_index(client, docker_manifests, blobs, heads, res, lease)
+    res.index = await _docker_index(client, docker_manifests, blobs, heads, res, lease, dry_run)
     return res
+
+
+async def _hash_member(reader: ArchiveReader, m: Member, expected: str) -> tuple[WriteResult, bytes, bytes | None]:
+    """What :func:`_write_member` would write, found reading only."""
+    if m.size <= SMALL:
+        data = await reader.read_all(SMALL, m.name)
+        actual = sha256_digest(data)
+        if expected and actual != expected:
+            raise BadImageFile(f"{m.name} does not match its digest (corrupt archive)")
+        return WriteResult(actual, 0, False), data[:16], data
+    if expected:  # only its first bytes (a docker layer's compression): the import verifies the rest
+        src = _MemberSource(reader)
+        await src.begin()
+        while len(src.head) < 16 and await src.read():
+            pass
+        return WriteResult(expected, 0, False), src.head, None
+    if reader.seekable:
+        digest, head = await reader.digest()
+        return WriteResult(digest, 0, False), head, None
+    src = _MemberSource(reader)
+    await src.begin()
+    h = hashlib.sha256()
+    while chunk := await src.read():
+        h.update(chunk)
+    return WriteResult(f"sha256:{h.hexdigest()}", 0, False), src.head, None
 
 
 async def _write_member(
@@ -227,11 +260,14 @@ async def load_doc(client: ContainerdClient, res: Ingested, digest: str, what: s
     return _json(raw, f"{what} {digest}")
 
 
-async def _write_json(client: ContainerdClient, res: Ingested, obj: Any, media_type: str, lease: str) -> Descriptor:
+async def _write_json(
+    client: ContainerdClient, res: Ingested, obj: Any, media_type: str, lease: str, dry_run: bool
+) -> Descriptor:
     raw = go_json(obj)
     d = sha256_digest(raw)
-    wr = await write_blob(client, "manifest-" + d, len(raw), d, BytesSource(raw), lease)
-    res.bytes_sent += wr.bytes_sent
+    if not dry_run:
+        wr = await write_blob(client, "manifest-" + d, len(raw), d, BytesSource(raw), lease)
+        res.bytes_sent += wr.bytes_sent
     res.docs[d] = raw
     res.written.add(d)
     return Descriptor(media_type, d, len(raw))
@@ -244,6 +280,7 @@ async def _docker_index(
     heads: dict[str, bytes],
     res: Ingested,
     lease: str,
+    dry_run: bool,
 ) -> Descriptor:
     """Synthesise manifests and the index exactly as containerd's ImportIndex does."""
     if not isinstance(manifests, list):
@@ -271,7 +308,7 @@ async def _docker_index(
             "config": {"mediaType": DOCKER_CONFIG, "digest": cfg.digest, "size": cfg.size},
             "layers": layers,
         }
-        md = await _write_json(client, res, manifest, DOCKER_MANIFEST, lease)
+        md = await _write_json(client, res, manifest, DOCKER_MANIFEST, lease, dry_run)
         config = await load_doc(client, res, cfg.digest, "config", lease)
         if not isinstance(config, dict):
             raise BadImageFile(f"config {cpath} is not a JSON object")

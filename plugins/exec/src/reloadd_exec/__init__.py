@@ -12,6 +12,9 @@ The batch is written to the command's stdin as one JSON object::
 
 A zero exit acknowledges every path; a non-zero exit (or a timeout) fails the batch and
 it is retried with backoff.
+
+``reloadd plan`` lists the paths the command would be run for, but cannot say what it
+would change: the consumer raises :class:`reloadd.PlanUnsupportedError`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from reloadd import (
     ConfigError,
     ConsumerContext,
     Options,
+    Plan,
+    PlanUnsupportedError,
     Result,
     Retry,
     run_command,
@@ -69,6 +74,14 @@ class ExecConsumer(BaseConsumer):
         self.cwd: Path | None = opts.path("cwd", base, base=base)
         opts.finish()
         self.stats: dict[str, float] = {"runs": 0, "failures": 0}
+
+    async def plan(self, batch: Batch) -> Plan:
+        """An arbitrary command's effects cannot be known without running it.
+
+        Raises:
+            PlanUnsupportedError: always.
+        """
+        raise PlanUnsupportedError(f"runs {self.command[0]}, whose effects cannot be known without running it")
 
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
         """Run the command once for the whole batch."""

@@ -33,6 +33,8 @@ from reloadd import (
     Change,
     ChangeKind,
     ConsumerContext,
+    Plan,
+    PlannedChange,
     Reject,
     ReloaddError,
     Result,
@@ -46,9 +48,10 @@ from ._client import KubeClient
 from ._discovery import Discovery
 from ._events import record_event
 from ._kubeconfig import load_cluster_config
-from ._manifests import ManifestError, load_manifest
+from ._manifests import Manifest, ManifestError, load_manifest
 from ._moves import MoveGrace
 from ._outcome import FileOutcome
+from ._preview import declared_refs, preview_apply, preview_remove
 from ._settings import Settings
 
 __all__ = ["KubeManifestsConsumer"]
@@ -119,6 +122,11 @@ class KubeManifestsConsumer(BaseConsumer):
     # --- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load the kubeconfig (errors here are configuration errors); discovery happens lazily."""
+        await self._connect()
+        if self.settings.resync_interval > 0 and self._resync is None:
+            self._resync = asyncio.create_task(self._resync_loop(), name=f"reloadd-{self.name}-resync")
+
+    async def _connect(self) -> None:
         config = await asyncio.to_thread(load_cluster_config, self.settings.kubeconfig, self.settings.context)
         self.client = KubeClient(config, user_agent=f"reloadd/{_VERSION} (kube-manifests)")
         self.discovery = Discovery(self.client)
@@ -126,8 +134,6 @@ class KubeManifestsConsumer(BaseConsumer):
             self.client, self.discovery, self.settings, default_namespace=config.namespace,
             tooling=f"reloadd/{_VERSION}", logger=self.log,
         )
-        if self.settings.resync_interval > 0 and self._resync is None:
-            self._resync = asyncio.create_task(self._resync_loop(), name=f"reloadd-{self.name}-resync")
 
     async def _resync_loop(self) -> None:
         """Force a pass over every file now and then, so edits made in the cluster are undone."""
@@ -199,6 +205,52 @@ class KubeManifestsConsumer(BaseConsumer):
         self.stats["api_dropped"] = applier.client.stats["dropped"]
         return results
 
+    # --- planning ------------------------------------------------------------------------------------
+    async def plan(self, batch: Batch) -> Plan:
+        """Dry-run what :meth:`handle` would do: per file, objects created/updated (with a diff) and pruned.
+
+        A ``.skip`` marker stands for its file (the real pass hands that file over next). A file whose
+        content the pass would skip (same SHA-256 as last applied) or cannot read plans nothing. Objects
+        another file of the batch declares are not listed as pruned, as :meth:`handle` keeps them.
+        Nothing is written: every apply carries ``dryRun=All`` and deletes are only listed.
+        """
+        if self.applier is None:
+            await self._connect()
+        applier = await self._ready()
+        paths: dict[Path, Change] = {}
+        for c in batch.changes:
+            target = c.path.with_suffix("") if c.path.suffix.lower() == SKIP_SUFFIX else c.path
+            if target.exists() or target in self.ctx.records:
+                paths.setdefault(target, c if target == c.path else Change(target, ChangeKind.MODIFIED, None))
+        removals = [p for p in paths if not p.exists() or p.with_name(p.name + SKIP_SUFFIX).exists()]
+        manifests: dict[Path, Manifest] = {}
+        for path, change in paths.items():
+            if path in removals or self._unchanged(change):
+                continue
+            try:
+                manifests[path] = await asyncio.to_thread(load_manifest, path,
+                                                          max_bytes=self.settings.max_file_size)
+            except ReloaddError as exc:
+                self.log.warning("Cannot plan %s (the next pass rejects it): %s", path, exc)
+        declared = {path: await declared_refs(applier, m) for path, m in manifests.items()}
+        claimed: set[ObjRef] = set().union(*declared.values())
+        planned: dict[Path, list[PlannedChange]] = {}
+        for path, manifest in manifests.items():
+            others: set[ObjRef] = set().union(*(refs for p, refs in declared.items() if p != path))
+            planned[path], out = await preview_apply(applier, self.key(path), manifest, keep=others)
+            for problem in out.problems():
+                self.log.warning("The next pass cannot apply all of %s: %s", path, problem)
+        for path in removals:
+            planned[path] = await preview_remove(applier, self.key(path), keep=claimed)
+        return planned
+
+    def _unchanged(self, change: Change) -> bool:
+        """The test :meth:`_one` makes before applying: same content as applied last, without errors."""
+        record = self.ctx.records.get(change.path)
+        previous = record.data if record is not None and isinstance(record.data, dict) else None
+        return (not change.forced and previous is not None and record is not None and record.error is None
+                and change.digest is not None and previous.get("sha256") == change.digest)
+
     async def _one(self, applier: Applier, change: Change, claimed: set[ObjRef]) -> Result:
         path = change.path
         skipped = change.kind is not ChangeKind.DELETED and path.with_name(path.name + SKIP_SUFFIX).exists()
@@ -216,11 +268,7 @@ class KubeManifestsConsumer(BaseConsumer):
                 return await self._result(path, out, data, "remove")
             record = self.ctx.records.get(path)
             previous = record.data if record is not None and isinstance(record.data, dict) else None
-            unchanged = (
-                not change.forced and previous is not None and record is not None and record.error is None
-                and change.digest is not None and previous.get("sha256") == change.digest
-            )
-            if unchanged:
+            if self._unchanged(change):
                 return Ack(previous)
             manifest = await asyncio.to_thread(load_manifest, path, max_bytes=self.settings.max_file_size)
             out = await applier.apply_file(self.key(path), str(path), manifest, thorough=change.forced)

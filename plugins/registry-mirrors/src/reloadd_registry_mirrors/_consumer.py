@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import difflib
 import hashlib
 import logging
 from collections.abc import Mapping
@@ -16,6 +17,8 @@ from reloadd import (
     Batch,
     ConsumerContext,
     Options,
+    Plan,
+    PlannedChange,
     Reject,
     ReloaddError,
     Result,
@@ -27,7 +30,7 @@ from ._containerd import check_config, shadowing
 from ._inputs import FOLLOW_INSIDE, FOLLOW_ROOT_OWNED, Inputs, Outcome, evaluate, read_snapshot
 from ._model import Diagnostic
 from ._notify import Notifier, NotifyError
-from ._write import ApplyResult, apply
+from ._write import HOSTS_FILE, ApplyResult, Step, apply, decide
 
 __all__ = ["RegistryMirrorsConsumer", "Settings"]
 
@@ -202,6 +205,28 @@ class RegistryMirrorsConsumer(BaseConsumer):
         if stale:
             self.ctx.trigger(stale)
 
+    async def plan(self, batch: Batch) -> Plan:
+        """Render every input in memory and diff it with the hosts.toml files on disk.
+
+        Level-triggered like :meth:`start` and :meth:`handle`: whatever the batch holds,
+        the next pass makes ``hosts_dir`` match the inputs, so that is what is compared.
+        With a broken input nothing would be written (the last good files stay): no changes.
+        """
+        inputs = self.settings.inputs
+        outcome = evaluate(inputs, await asyncio.to_thread(read_snapshot, inputs))
+        if outcome.rendered is None:
+            for diags in outcome.errors.values():
+                for d in diags:
+                    self.log.warning("%s: %s; the next pass would write nothing", d.path, d)
+            return {}
+        hosts_dir = self.settings.hosts_dir
+        steps = await asyncio.to_thread(decide, hosts_dir.resolve(), outcome.rendered.files)
+        return {
+            hosts_dir / step.name / HOSTS_FILE: [_planned(hosts_dir / step.name / HOSTS_FILE, step)]
+            for step in steps
+            if step.action in ("write", "remove")
+        }
+
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
         """Re-read everything; apply all or nothing; Reject the broken files of the batch."""
         async with self._lock:
@@ -254,6 +279,16 @@ def _with_invalid_output(outcome: Outcome, invalid: Mapping[str, str]) -> Outcom
         origin = rendered.origins[name]
         errors.setdefault(origin, []).append(Diagnostic(origin, f"registry host {name}", f"{why}; not written"))
     return dataclasses.replace(outcome, errors=errors)
+
+
+def _planned(path: Path, step: Step) -> PlannedChange:
+    """A write or removal :func:`decide` chose, as a plan entry with its unified diff."""
+    old = (step.current or b"").decode(errors="replace").splitlines(keepends=True)
+    new = step.text.splitlines(keepends=True)
+    action = "remove" if step.action == "remove" else "update" if step.current is not None else "create"
+    diff = difflib.unified_diff(old, new, f"{path} (on disk)" if old else "/dev/null",
+                                f"{path} (rendered)" if new else "/dev/null")
+    return PlannedChange(action, str(path), "".join(diff), {"host": step.name})
 
 
 def _files_digest(files: Mapping[str, str]) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 from ._hosts import host_dir_name
 from ._render import HEADER
 
-__all__ = ["ApplyResult", "apply", "check_text", "is_owned"]
+__all__ = ["ApplyResult", "Step", "apply", "check_text", "decide", "is_owned"]
 
 HOSTS_FILE = "hosts.toml"
 
@@ -138,6 +138,67 @@ def _sweep(directory: Path) -> None:
                 os.unlink(directory / n)
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What :func:`apply` decides for one host directory, before touching anything.
+
+    Attributes:
+        name: The directory name (a host, or ``_default``).
+        action: ``write``, ``remove``, ``unchanged``, ``skip`` (not ours) or ``invalid`` (text refused).
+        why: For ``skip`` and ``invalid``, the reason.
+        current: The hosts.toml there now, if it is a regular file.
+        text: For ``write``, the new text.
+        exists: Whether the directory exists (``write`` into a missing one creates it).
+    """
+
+    name: str
+    action: str
+    why: str = ""
+    current: bytes | None = None
+    text: str = ""
+    exists: bool = True
+
+
+def decide(root: Path, files: Mapping[str, str]) -> list[Step]:
+    """Decide, reading only, what making ``root`` hold exactly ``files`` takes (see :func:`apply`).
+
+    Raises:
+        ValueError: a name that is not a valid host directory (never reached with rendered input).
+    """
+    steps: list[Step] = []
+    for name, text in sorted(files.items()):
+        directory = root / host_dir_name(name)
+        if directory.parent != root:
+            raise ValueError(f"refusing to write outside {root}: {name!r}")
+        problem = check_text(text)
+        if problem is not None:
+            steps.append(Step(name, "invalid", f"generated {directory / HOSTS_FILE} {problem}"))
+            continue
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            steps.append(Step(name, "write", text=text, exists=False))
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            steps.append(Step(name, "skip", f"{directory} exists and is not a directory"))
+            continue
+        current = _read_hosts_file(directory)
+        if current is not None and current.split(b"\n", 1)[0] != HEADER.encode():
+            steps.append(Step(name, "skip", f"{directory / HOSTS_FILE} was not written by reloadd; left alone"))
+        elif current is None and (directory / HOSTS_FILE).is_symlink():
+            steps.append(Step(name, "skip", f"{directory / HOSTS_FILE} is a symlink; left alone"))
+        else:
+            steps.append(Step(name, "unchanged" if current == text.encode() else "write", current=current, text=text))
+    try:
+        entries = sorted(os.listdir(root))
+    except FileNotFoundError:
+        entries = []
+    for entry in entries:
+        if entry not in files and is_owned(root / entry):
+            steps.append(Step(entry, "remove", current=_read_hosts_file(root / entry)))
+    return steps
+
+
 def apply(hosts_dir: Path, files: Mapping[str, str]) -> ApplyResult:
     """Make ``hosts_dir`` hold exactly ``files`` among the directories reloadd owns.
 
@@ -155,46 +216,31 @@ def apply(hosts_dir: Path, files: Mapping[str, str]) -> ApplyResult:
     result = ApplyResult()
     hosts_dir.mkdir(parents=True, exist_ok=True)
     root = hosts_dir.resolve()
-    for name, text in sorted(files.items()):
-        directory = root / host_dir_name(name)
-        if directory.parent != root:
-            raise ValueError(f"refusing to write outside {root}: {name!r}")
-        problem = check_text(text)
-        if problem is not None:
-            result.invalid[name] = f"generated {directory / HOSTS_FILE} {problem}"
-            continue
-        try:
-            st = os.lstat(directory)
-        except FileNotFoundError:
-            directory.mkdir(mode=0o755)
-            _fsync_dir(root)
-        else:
-            if not stat.S_ISDIR(st.st_mode):
-                result.skipped[name] = f"{directory} exists and is not a directory"
-                continue
-            current = _read_hosts_file(directory)
-            if current is not None and current.split(b"\n", 1)[0] != HEADER.encode():
-                result.skipped[name] = f"{directory / HOSTS_FILE} was not written by reloadd; left alone"
-                continue
-            if current is None and (directory / HOSTS_FILE).is_symlink():
-                result.skipped[name] = f"{directory / HOSTS_FILE} is a symlink; left alone"
-                continue
+    for step in decide(root, files):
+        directory = root / step.name
+        if step.action == "invalid":
+            result.invalid[step.name] = step.why
+        elif step.action == "skip":
+            result.skipped[step.name] = step.why
+        elif step.action == "remove":
             _sweep(directory)
-            if current == text.encode():
-                result.unchanged.append(name)
+            (directory / HOSTS_FILE).unlink()
+            try:
+                directory.rmdir()
+            except OSError:
+                pass  # other files (certificates) live there too: keep the directory
+            result.removed.append(step.name)
+        else:
+            if step.exists:
+                _sweep(directory)
+            else:
+                directory.mkdir(mode=0o755)
+                _fsync_dir(root)
+            if step.action == "unchanged":
+                result.unchanged.append(step.name)
                 continue
-        _write_atomic(directory, text)
-        result.written.append(name)
-    for entry in sorted(os.listdir(root)):
-        if entry in files or not is_owned(root / entry):
-            continue
-        _sweep(root / entry)
-        (root / entry / HOSTS_FILE).unlink()
-        try:
-            (root / entry).rmdir()
-        except OSError:
-            pass  # other files (certificates) live there too: keep the directory
-        result.removed.append(entry)
+            _write_atomic(directory, step.text)
+            result.written.append(step.name)
     if result.removed:
         _fsync_dir(root)
     return result

@@ -1,0 +1,214 @@
+"""``reloadd plan``: what every consumer's next pass would change, changing nothing.
+
+The pending changes come from the engine's own rules: the start-up walk compared with
+each consumer's acknowledged fingerprints (:func:`reloadd._engine._diff`), then the
+queue's de-duplication (:func:`reloadd._queue.needed`, content digests included). The
+records are read without the state lock and without writing anything, so a running
+daemon is neither blocked nor disturbed; what it does meanwhile may make the plan stale.
+Each consumer then says what handling that batch would change (:class:`~reloadd.Planner`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._building import build_consumer, path_filter
+from ._config import Config, ConsumerConfig
+from ._consumer import Consumer, Planner
+from ._engine import _diff, _View
+from ._errors import PlanUnsupportedError, ReloaddError
+from ._filters import PathFilter
+from ._queue import Needed, change_kind, needed
+from ._scan import DigestCache, probe
+from ._state import RecordStore
+from ._types import Batch, Change, JSONValue, PlannedChange, Reason
+
+__all__ = ["ConsumerPlan", "PlanReport", "pending_changes", "plan"]
+
+log = logging.getLogger("reloadd.plan")
+
+
+@dataclass(frozen=True)
+class ConsumerPlan:
+    """One consumer's part of a plan.
+
+    Attributes:
+        name: The consumer's name.
+        plugin: The plugin that made it.
+        pending: What the next pass would hand over.
+        changes: Per path, what handling it would change.
+        unsupported: Why the consumer cannot plan (its pending paths are still listed).
+        error: Why planning failed.
+    """
+
+    name: str
+    plugin: str
+    pending: tuple[Change, ...] = ()
+    changes: Mapping[Path, tuple[PlannedChange, ...]] = field(default_factory=dict)
+    unsupported: str | None = None
+    error: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        """Whether the consumer said it would change something."""
+        return any(self.changes.values())
+
+    @property
+    def status(self) -> str:
+        """``error``, ``cannot-plan``, ``changes`` or ``unchanged``."""
+        if self.error is not None:
+            return "error"
+        if self.unsupported is not None:
+            return "cannot-plan"
+        return "changes" if self.changed else "unchanged"
+
+    def to_json(self) -> dict[str, JSONValue]:
+        """The JSON form of ``reloadd plan --json``."""
+        out: dict[str, JSONValue] = {"name": self.name, "plugin": self.plugin, "status": self.status}
+        if self.error is not None:
+            out["error"] = self.error
+        if self.unsupported is not None:
+            out["reason"] = self.unsupported
+        out["pending"] = [{"path": str(c.path), "kind": c.kind.value} for c in self.pending]
+        out["changes"] = {str(p): [c.to_json() for c in cs] for p, cs in sorted(self.changes.items()) if cs}
+        return out
+
+    def text(self) -> list[str]:
+        """The human lines: a header, then per path the actions and their diffs, indented."""
+        head = f"consumer {self.name} ({self.plugin}): "
+        if self.error is not None:
+            return [head + f"error: {self.error}"]
+        if self.unsupported is not None:
+            lines = [head + f"cannot plan: {self.unsupported}"]
+            lines += [f"  would hand over: {c.kind.value} {c.path}" for c in self.pending]
+            return lines
+        if not self.changed:
+            return [head + "nothing to change"]
+        n = sum(len(cs) for cs in self.changes.values())
+        lines = [head + f"{n} change(s)"]
+        for path, cs in sorted(self.changes.items()):
+            if not cs:
+                continue
+            lines.append(f"  {path}")
+            for c in cs:
+                lines.append(f"    {c.line}")
+                lines += [f"      {d}" for d in c.diff.splitlines()]
+        return lines
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """Every consumer's plan, and the exit code of ``reloadd plan``."""
+
+    consumers: tuple[ConsumerPlan, ...]
+
+    @property
+    def exit_code(self) -> int:
+        """1 when any consumer failed to plan, else 2 when any would change something, else 0.
+
+        A consumer that cannot plan (``exec``) counts for neither: its pending paths are listed.
+        """
+        if any(c.error is not None for c in self.consumers):
+            return 1
+        return 2 if any(c.changed for c in self.consumers) else 0
+
+    def to_json(self) -> dict[str, JSONValue]:
+        """One JSON document for ``--json``."""
+        return {
+            "changes": any(c.changed for c in self.consumers),
+            "exit_code": self.exit_code,
+            "consumers": [c.to_json() for c in self.consumers],
+        }
+
+    def text(self) -> str:
+        """The human report, grouped per consumer and path."""
+        return "\n".join(line for c in self.consumers for line in c.text())
+
+
+def pending_changes(consumer: Consumer, filt: PathFilter, records: RecordStore) -> tuple[Change, ...]:
+    """What the next start-up pass would hand ``consumer`` (blocking: walks, stats and digests)."""
+    jobs = [(root, root, filt.recursive) for root in filt.roots]
+    view = _View(consumer.name, filt, {}, {p: r.fingerprint for p, r in records.items()}, {})
+    diff = _diff(jobs, [view], None, False, set())
+    digests = DigestCache()
+    out: list[Change] = []
+    for _, path in dict.fromkeys(diff.observe):
+        if path not in records and not (filt(path) and _accepts(consumer, path)):
+            continue
+        root = filt.root_of(path) or path.parent
+        fp = probe(path, root).fingerprint
+        digest = None
+        if fp is not None and consumer.content_digest:
+            with contextlib.suppress(OSError):  # unreadable: handed over without one, as the engine does
+                digest = digests.digest(path, fp)
+        rec = records.get(path)
+        if needed(rec, fp, digest) is Needed.YES:
+            out.append(Change(path, change_kind(rec, fp), fp, digest, False, root))
+    return tuple(sorted(out, key=lambda c: c.path))
+
+
+def _accepts(consumer: Consumer, path: Path) -> bool:
+    """``consumer.accepts`` as the engine calls it: raising counts as ``False``."""
+    try:
+        return bool(consumer.accepts(path))
+    except Exception as exc:
+        log.error("Failed to filter %s in consumer %s: %s", path, consumer.name, exc)
+        return False
+
+
+async def plan(config: Config) -> PlanReport:
+    """Plan every configured consumer in turn; a failing one does not stop the others."""
+    with tempfile.TemporaryDirectory(prefix="reloadd-plan-") as scratch:
+        return PlanReport(tuple([await _plan_one(config, cc, Path(scratch)) for cc in config.consumers]))
+
+
+async def _plan_one(config: Config, cc: ConsumerConfig, scratch: Path) -> ConsumerPlan:
+    base = ConsumerPlan(cc.name, cc.plugin)
+    records = RecordStore(config.state_dir / "consumers" / cc.name if config.state_dir is not None else None)
+    try:
+        await asyncio.to_thread(records.load, read_only=True)
+        consumer = build_consumer(cc, records, _private_dir(records, scratch / cc.name), config.source)
+    except ReloaddError as exc:
+        return _failed(base, str(exc))
+    try:
+        pending = await asyncio.to_thread(pending_changes, consumer, path_filter(consumer, cc), records)
+        base = ConsumerPlan(cc.name, cc.plugin, pending)
+        if not isinstance(consumer, Planner):
+            return _unsupported(base, f"{type(consumer).__name__} has no plan()")
+        try:
+            result = await consumer.plan(Batch(cc.name, Reason.STARTUP, pending))
+        except PlanUnsupportedError as exc:
+            return _unsupported(base, str(exc))
+        except ReloaddError as exc:
+            return _failed(base, str(exc))
+        except Exception as exc:
+            log.error("Failed to plan consumer %s: %s", cc.name, exc, exc_info=exc)
+            return _failed(base, f"{type(exc).__name__}: {exc}")
+        return ConsumerPlan(cc.name, cc.plugin, pending, {Path(p): tuple(cs) for p, cs in result.items()})
+    finally:
+        try:
+            await consumer.close()
+        except Exception as exc:
+            log.error("Failed to close consumer %s: %s", cc.name, exc)
+
+
+def _private_dir(records: RecordStore, scratch: Path) -> Path:
+    """The plugin's own directory when the daemon made one (read-only by contract), else a scratch one."""
+    if records.directory is not None and (records.directory / "plugin").is_dir():
+        return records.directory / "plugin"
+    scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return scratch
+
+
+def _failed(base: ConsumerPlan, error: str) -> ConsumerPlan:
+    return ConsumerPlan(base.name, base.plugin, base.pending, error=error)
+
+
+def _unsupported(base: ConsumerPlan, why: str) -> ConsumerPlan:
+    return ConsumerPlan(base.name, base.plugin, base.pending, unsupported=why)
