@@ -222,7 +222,7 @@ class KubeManifestsConsumer(BaseConsumer):
             )
             if unchanged:
                 return Ack(previous)
-            manifest = await asyncio.to_thread(load_manifest, path, max_bytes=self.settings.max_file_size)
+            manifest = await load_manifest(path, max_bytes=self.settings.max_file_size)
             out = await applier.apply_file(self.key(path), str(path), manifest, thorough=change.forced)
             claimed.update(out.desired)
             self._moves.adopted(applier.claims.wanted_by_others)

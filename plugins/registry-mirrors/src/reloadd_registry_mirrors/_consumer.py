@@ -133,7 +133,7 @@ class RegistryMirrorsConsumer(BaseConsumer):
 
     async def _reconcile(self) -> tuple[Outcome, ApplyResult | None]:
         inputs = self.settings.inputs
-        snap = await asyncio.to_thread(read_snapshot, inputs)
+        snap = await read_snapshot(inputs)
         outcome = evaluate(inputs, snap)
         self.stats["reloads"] += 1
         if outcome.rendered is None:
