@@ -22,7 +22,8 @@ loads, a half rejected before is handed over again so no stale rejection stays i
 ``reloadd status``.
 
 The certificate and key are watched as files: a rotation that renames a new file over
-the old one and one that rewrites it in place are both seen.
+the old one, one that rewrites it in place, and a kubelet Secret volume re-pointing its
+``..data`` symlink (both halves at once) are all seen.
 """
 
 from ._consumer import CertPair

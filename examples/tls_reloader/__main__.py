@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8443, help="0 picks a free port (printed)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Absolute but not resolved: a symlink swapped by a secret mount is followed by reloadd.
+    # Absolute but not resolved: reloadd watches the paths as given, symlinks included.
     cert, key = Path(os.path.abspath(args.cert)), Path(os.path.abspath(args.key))
     try:
         asyncio.run(serve(cert, key, args.host, args.port))

@@ -217,3 +217,42 @@ async def test_a_mismatched_pair_at_start_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert out == b""
     assert f"{key} does not belong to the certificate in {cert}" in err.decode()
+
+
+async def test_a_kubelet_secret_volume_swap_is_one_rotation(tmp_path: Path) -> None:
+    """A Secret mounted by the kubelet: tls.crt -> ..data/tls.crt, and ``..data`` is re-pointed atomically."""
+    ids = make_identities(tmp_path, 3)
+    volume = tmp_path / "secret"
+    volume.mkdir()
+
+    def publish(n: int) -> None:
+        version = volume / f"..v{n}"
+        version.mkdir()
+        (version / "tls.crt").write_bytes(ids[n].cert)
+        (version / "tls.key").write_bytes(ids[n].key)
+        (volume / "..data_tmp").symlink_to(version.name)
+        os.replace(volume / "..data_tmp", volume / "..data")
+        if n:
+            shutil.rmtree(volume / f"..v{n - 1}")
+
+    publish(0)
+    for name in ("tls.crt", "tls.key"):
+        (volume / name).symlink_to(f"..data/{name}")
+    client = ssl.create_default_context(cadata="".join(i.cert.decode() for i in ids))
+    log = tmp_path / "server.log"
+    async with example_server(volume / "tls.crt", volume / "tls.key", log) as port:
+        prober = Prober(port, client)
+        probing = asyncio.create_task(prober.run())
+        try:
+            await prober.wait_for(ids[0].fingerprint, SETTLE_BOUND)
+            for n in (1, 2):
+                publish(n)
+                await prober.wait_for(ids[n].fingerprint, SETTLE_BOUND)
+        finally:
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
+    assert prober.failures == []
+    assert rejections(log) == [], "both halves change in one swap: never half-rotated"
+    order = [[i.fingerprint for i in ids].index(fp) for _, fp in prober.seen]
+    assert order == sorted(order)
