@@ -130,8 +130,8 @@ async def crash_matrix(tmp_path: Path, cycles: list[str], seed: int) -> Tally:
     outside_before = tree_snapshot(tmp_path, skip=(hosts, tmp_path / "state", tmp_path / "notify.log",
                                                    tmp_path / "daemon.log", sock, conf_d))
 
-    def wanted() -> dict[str, str]:
-        rendered = evaluate(inputs, read_snapshot(inputs)).rendered
+    async def wanted() -> dict[str, str]:
+        rendered = evaluate(inputs, await read_snapshot(inputs)).rendered
         assert rendered is not None
         return dict(rendered.files)
 
@@ -156,7 +156,7 @@ async def crash_matrix(tmp_path: Path, cycles: list[str], seed: int) -> Tally:
             elif phase == "random":
                 await asyncio.sleep(rng.uniform(0.0, 0.8))  # the random kill point itself
             await daemon.kill9()
-            applied_at_kill = on_disk(hosts) == wanted()
+            applied_at_kill = on_disk(hosts) == await wanted()
             disarm(tmp_path)
             entries = notify_log(tmp_path)[mark:]
             cut = {e[1] for e in entries if e[0] == "start"} - {e[1] for e in entries if e[0] == "done"}
@@ -166,7 +166,7 @@ async def crash_matrix(tmp_path: Path, cycles: list[str], seed: int) -> Tally:
                          else "random/after apply" if applied_at_kill else "random/before or mid apply")
             tally.phases[label] += 1
             await daemon.start()
-            want = wanted()
+            want = await wanted()
             await until(lambda w=want: on_disk(hosts) == w, what="hosts.toml == render(inputs)")  # type: ignore[misc]
             await until(daemon.idle, what="idle after restart")
             got = on_disk(hosts)

@@ -272,7 +272,7 @@ async def soak(tmp_path: Path, kube: KubeCluster, seconds: float, reliability: R
         assert set(writer.tar_image) == {p for p in images.iterdir() if p.suffix == ".tar"}
 
         inputs = Inputs(etc / "registries.conf", conf_d)
-        outcome = evaluate(inputs, await asyncio.to_thread(read_snapshot, inputs))
+        outcome = evaluate(inputs, await read_snapshot(inputs))
         assert outcome.rendered is not None, outcome.errors
         want_hosts = {host_dir_name(k): v for k, v in outcome.rendered.files.items()}
         got_hosts = hosts_on_disk(hosts)

@@ -5,6 +5,13 @@ bzip2, lz4 frame or none), and walks the tar sequentially. For each regular memb
 posts the name and size, then waits to be told whether to *read* the member (chunks go
 through a bounded hand-off, at most ``depth`` chunks buffered) or *skip* it (for an
 uncompressed tar that is a seek, so blobs containerd already has are never read).
+
+The tarball is read by that thread with plain ``open``, not through aiofiles like the
+plugins' other inputs: tarfile and the decompressors need a blocking file object, and
+bridging one onto aiofiles (each read a hop to the loop and its executor) streamed a
+551 MB archive 2-2.8x slower (0.18 s -> 0.50 s with 4 MiB reads; 1 MiB, 16 MiB and
+read-ahead no better) and hashed it 1.14x slower, on the path benchmarked against
+``ctr images import``.
 """
 
 from __future__ import annotations

@@ -250,7 +250,7 @@ class ContainerdImagesConsumer(BaseConsumer):
 
     async def _list(self, path: Path) -> Result:
         try:
-            text = await asyncio.to_thread(read_list, path)
+            text = await read_list(path)
         except ValueError as exc:
             return Reject(f"{path}: {exc}", data=self._previous(path))
         labels = self._plan_labels(path)

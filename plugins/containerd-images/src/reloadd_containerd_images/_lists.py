@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiofiles
+
 from reloadd import ConsumerError, TransientError
 
 from ._client import CRI_NAMESPACE, ContainerdClient
@@ -52,10 +54,10 @@ def parse_list(text: str) -> tuple[list[tuple[int, str]], list[str]]:
     return refs, errors
 
 
-def read_list(path: Path) -> str:
-    """Read a list file as UTF-8 text (bounded)."""
-    with open(path, "rb") as f:
-        raw = f.read(LIST_LIMIT + 1)
+async def read_list(path: Path) -> str:
+    """Read a list file as UTF-8 text (bounded), through aiofiles."""
+    async with aiofiles.open(path, "rb") as f:
+        raw = await f.read(LIST_LIMIT + 1)
     if len(raw) > LIST_LIMIT:
         raise ValueError(f"list is larger than {LIST_LIMIT} bytes")
     try:

@@ -10,7 +10,6 @@ remove) — listed when that changes an existing record.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -104,7 +103,7 @@ class ImagePlanner:
 
     async def _list(self, path: Path) -> tuple[set[str], list[PlannedChange]]:
         try:
-            text = await asyncio.to_thread(read_list, path)
+            text = await read_list(path)
         except ValueError as exc:
             raise PermanentError(str(exc)) from exc
         refs, _invalid = parse_list(text)

@@ -228,8 +228,7 @@ class KubeManifestsConsumer(BaseConsumer):
             if path in removals or self._unchanged(change):
                 continue
             try:
-                manifests[path] = await asyncio.to_thread(load_manifest, path,
-                                                          max_bytes=self.settings.max_file_size)
+                manifests[path] = await load_manifest(path, max_bytes=self.settings.max_file_size)
             except ReloaddError as exc:
                 self.log.warning("Cannot plan %s (the next pass rejects it): %s", path, exc)
         declared = {path: await declared_refs(applier, m) for path, m in manifests.items()}
@@ -270,7 +269,7 @@ class KubeManifestsConsumer(BaseConsumer):
             previous = record.data if record is not None and isinstance(record.data, dict) else None
             if self._unchanged(change):
                 return Ack(previous)
-            manifest = await asyncio.to_thread(load_manifest, path, max_bytes=self.settings.max_file_size)
+            manifest = await load_manifest(path, max_bytes=self.settings.max_file_size)
             out = await applier.apply_file(self.key(path), str(path), manifest, thorough=change.forced)
             claimed.update(out.desired)
             self._moves.adopted(applier.claims.wanted_by_others)

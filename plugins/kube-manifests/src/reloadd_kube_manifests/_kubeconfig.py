@@ -29,6 +29,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import aiofiles
+import aiofiles.os
 import yaml
 
 from reloadd import ConfigError, TransientError
@@ -77,9 +79,10 @@ class TokenFileAuth(Auth):
         if self._token is None or now - self._checked > _TOKEN_RECHECK:
             self._checked = now
             try:
-                mtime = self.path.stat().st_mtime_ns
+                mtime = (await aiofiles.os.stat(self.path)).st_mtime_ns
                 if self._token is None or mtime != self._mtime:
-                    self._token = self.path.read_text().strip()
+                    async with aiofiles.open(self.path) as f:
+                        self._token = (await f.read()).strip()
                     self._mtime = mtime
             except OSError as exc:
                 raise TransientError(f"cannot read token file {self.path}: {exc}") from exc

@@ -14,6 +14,7 @@ constructed; timestamps stay strings, as the API server would read them.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiofiles
 import yaml
 
 from reloadd import PermanentError, TransientError
@@ -265,20 +267,22 @@ def parse_manifest(
     return out
 
 
-def load_manifest(path: Path, *, max_bytes: int, max_nodes: int = 1_000_000) -> Manifest:
-    """Read and parse ``path`` (``.json`` files as JSON).
+async def load_manifest(path: Path, *, max_bytes: int, max_nodes: int = 1_000_000) -> Manifest:
+    """Read ``path`` through aiofiles and parse it in a thread (``.json`` files as JSON).
 
     Raises:
         ManifestError: when the file cannot be read or exceeds ``max_bytes``.
         TransientError: the file vanished since it was handed over (its delete follows).
     """
     try:
-        with path.open("rb") as f:
-            data = f.read(max_bytes + 1)
+        async with aiofiles.open(path, "rb") as f:
+            data = await f.read(max_bytes + 1)
     except FileNotFoundError as exc:
         raise TransientError(f"{path} vanished before it could be read; its delete follows") from exc
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc}") from exc
     if len(data) > max_bytes:
         raise ManifestError(f"{path} is larger than the {max_bytes} byte limit; not applied")
-    return parse_manifest(data, json_file=path.suffix.lower() == ".json", max_nodes=max_nodes)
+    # Parsing a large YAML stream is CPU work: off the event loop, as the whole load was before.
+    return await asyncio.to_thread(parse_manifest, data, json_file=path.suffix.lower() == ".json",
+                                   max_nodes=max_nodes)

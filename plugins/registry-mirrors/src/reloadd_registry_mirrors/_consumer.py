@@ -136,7 +136,7 @@ class RegistryMirrorsConsumer(BaseConsumer):
 
     async def _reconcile(self) -> tuple[Outcome, ApplyResult | None]:
         inputs = self.settings.inputs
-        snap = await asyncio.to_thread(read_snapshot, inputs)
+        snap = await read_snapshot(inputs)
         outcome = evaluate(inputs, snap)
         self.stats["reloads"] += 1
         if outcome.rendered is None:
@@ -213,7 +213,7 @@ class RegistryMirrorsConsumer(BaseConsumer):
         With a broken input nothing would be written (the last good files stay): no changes.
         """
         inputs = self.settings.inputs
-        outcome = evaluate(inputs, await asyncio.to_thread(read_snapshot, inputs))
+        outcome = evaluate(inputs, await read_snapshot(inputs))
         if outcome.rendered is None:
             for diags in outcome.errors.values():
                 for d in diags:

@@ -8,11 +8,15 @@ the optional registries.yaml and the containers-certs.d directories, and
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import aiofiles
 
 from ._hosts import is_valid_host
 from ._merge import merge
@@ -91,69 +95,108 @@ def _outside_link_problem(path: Path, target: Path, inside: Path, follow: str) -
     return f"more than {_MAX_HOPS} symlinks on the way to {target}; refused"
 
 
-def _read(
-    path: Path, limit: int, errors: list[Diagnostic], *, inside: Path | None = None, follow: str = FOLLOW_INSIDE
-) -> bytes | None:
-    """Read a regular file of at most ``limit`` bytes; ``None`` when it does not exist."""
-    root_only = False
-    try:
-        if inside is not None and path.is_symlink():
-            target = path.resolve()
-            if not target.is_relative_to(inside.resolve()):
-                problem = _outside_link_problem(path, target, inside, follow)
-                if problem is not None:
-                    errors.append(Diagnostic(path, "", problem))
-                    return None
-                root_only = True
+def _link_problem(path: Path, inside: Path, follow: str) -> tuple[str | None, Path | None]:
+    """Whether the drop-in ``path`` may be read: ``(refusal or None, outside target or None)``.
+
+    An outside target that is allowed is read only when the file turns out to be root's.
+    """
+    if not path.is_symlink():
+        return None, None
+    target = path.resolve()
+    if target.is_relative_to(inside.resolve()):
+        return None, None
+    return _outside_link_problem(path, target, inside, follow), target
+
+
+class _Refused(Exception):
+    """A drop-in that must not be opened; the message says why."""
+
+
+def _opener(inside: Path | None, follow: str, outside: list[Path]) -> Callable[[str, int], int]:
+    """An ``open()`` opener that checks a drop-in's symlink in the same executor call as the open."""
+
+    def open_checked(name: str, flags: int) -> int:
+        if inside is not None:
+            problem, target = _link_problem(Path(name), inside, follow)
+            if problem is not None:
+                raise _Refused(problem)
+            if target is not None:
+                outside.append(target)
         # O_NONBLOCK: a FIFO dropped in as x.conf must not hang the reader; it is refused below.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with open(fd, "rb") as f:
-            st = os.fstat(f.fileno())
+        return os.open(name, flags | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    return open_checked
+
+
+async def _read(
+    path: Path, limit: int, *, inside: Path | None = None, follow: str = FOLLOW_INSIDE
+) -> tuple[bytes | None, list[Diagnostic]]:
+    """Read a regular file of at most ``limit`` bytes through aiofiles; ``None`` when it does not exist or fails."""
+    outside: list[Path] = []  # a symlink target outside ``inside``: read only if root's
+    try:
+        async with aiofiles.open(path, "rb", opener=_opener(inside, follow, outside)) as f:
+            st = os.fstat(f.fileno())  # the opened file itself: no path lookup, nothing to wait for
             if not stat.S_ISREG(st.st_mode):
-                errors.append(Diagnostic(path, "", "not a regular file (FIFO, socket or device); refused"))
-                return None
-            if root_only and st.st_uid != 0:
-                owner = f"symlink target {path.resolve()} is owned by uid {st.st_uid}, not root; refused"
-                errors.append(Diagnostic(path, "", owner))
-                return None
+                return None, [Diagnostic(path, "", "not a regular file (FIFO, socket or device); refused")]
+            if outside and st.st_uid != 0:
+                owner = f"symlink target {outside[0]} is owned by uid {st.st_uid}, not root; refused"
+                return None, [Diagnostic(path, "", owner)]
             if st.st_size > limit:
-                errors.append(Diagnostic(path, "", f"file too large: {st.st_size} bytes, limit {limit}"))
-                return None
-            data = f.read(limit + 1)
+                return None, [Diagnostic(path, "", f"file too large: {st.st_size} bytes, limit {limit}")]
+            data = await f.read(limit + 1)
+    except _Refused as exc:
+        return None, [Diagnostic(path, "", str(exc))]
     except FileNotFoundError:
-        return None
+        return None, []
     except OSError as exc:
-        errors.append(Diagnostic(path, "", f"cannot read: {exc.strerror or exc}"))
-        return None
+        return None, [Diagnostic(path, "", f"cannot read: {exc.strerror or exc}")]
     if len(data) > limit:
-        errors.append(Diagnostic(path, "", f"file too large: more than {limit} bytes"))
-        return None
-    return data
+        return None, [Diagnostic(path, "", f"file too large: more than {limit} bytes")]
+    return data, []
 
 
-def read_snapshot(inputs: Inputs) -> Snapshot:
-    """Read all inputs (blocking; run it in a thread)."""
-    snap = Snapshot()
-    snap.main = _read(inputs.main, inputs.max_file_size, snap.errors)
+def _drop_in_names(conf_d: Path, errors: list[Diagnostic]) -> list[str]:
     try:
         # Directories are skipped, as containers/image's WalkDir does (a symlink to one is not).
-        entries = os.scandir(inputs.conf_d)
-        names = sorted(e.name for e in entries if e.name.endswith(".conf") and not e.is_dir(follow_symlinks=False))
+        entries = os.scandir(conf_d)
+        return sorted(e.name for e in entries if e.name.endswith(".conf") and not e.is_dir(follow_symlinks=False))
     except (FileNotFoundError, NotADirectoryError):
-        names = []
+        return []
     except OSError as exc:
-        snap.errors.append(Diagnostic(inputs.conf_d, "", f"cannot list: {exc.strerror or exc}"))
-        names = []
-    for name in names:
-        path = inputs.conf_d / name
-        data = _read(path, inputs.max_file_size, snap.errors, inside=inputs.conf_d, follow=inputs.follow_symlinks)
+        errors.append(Diagnostic(conf_d, "", f"cannot list: {exc.strerror or exc}"))
+        return []
+
+
+async def read_snapshot(inputs: Inputs) -> Snapshot:
+    """Read all inputs: files through aiofiles, all at once; directory listings in a thread.
+
+    Each aiofiles call is a hop to the executor, so the files are read concurrently, not
+    one after the other; errors keep the order of a sequential read.
+    """
+    snap = Snapshot()
+    limit = inputs.max_file_size
+    listing: list[Diagnostic] = []
+    drop_ins = [inputs.conf_d / n for n in await asyncio.to_thread(_drop_in_names, inputs.conf_d, listing)]
+    main, *read, yaml = await asyncio.gather(
+        _read(inputs.main, limit),
+        *(_read(p, limit, inside=inputs.conf_d, follow=inputs.follow_symlinks) for p in drop_ins),
+        _read(inputs.yaml, limit) if inputs.yaml is not None else _nothing(),
+    )
+    snap.main = main[0]
+    snap.errors += main[1] + listing
+    for path, (data, errors) in zip(drop_ins, read, strict=True):
+        snap.errors += errors
         if data is not None:
             snap.drop_ins.append((path, data))
-    if inputs.yaml is not None:
-        snap.yaml = _read(inputs.yaml, inputs.max_file_size, snap.errors)
+    snap.yaml = yaml[0]
+    snap.errors += yaml[1]
     for root in reversed(inputs.certs_dirs):  # earlier roots override later ones
-        snap.certs.update(_scan_certs(root, snap.warnings))
+        snap.certs.update(await asyncio.to_thread(_scan_certs, root, snap.warnings))
     return snap
+
+
+async def _nothing() -> tuple[bytes | None, list[Diagnostic]]:
+    return None, []
 
 
 def _scan_certs(root: Path, warnings: list[Diagnostic]) -> dict[str, CertFiles]:
