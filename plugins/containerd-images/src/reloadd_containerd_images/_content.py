@@ -76,10 +76,6 @@ class WriteResult:
     """True when no data was sent (the blob was present)."""
 
 
-class _Begun(Exception):
-    """Internal: data was read, so the write cannot be retried transparently."""
-
-
 async def write_blob(
     client: ContainerdClient,
     ref: str,
