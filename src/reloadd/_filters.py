@@ -38,7 +38,7 @@ def is_kubelet_internal(name: str) -> bool:
     return name.startswith("..")
 
 
-def under(path: Path, root: Path) -> bool:
+def under(path: Path | str, root: Path | str) -> bool:
     """Whether ``path`` is ``root`` or lies beneath it (purely lexical, string-prefix fast)."""
     r = str(root)
     p = str(path)
@@ -66,7 +66,7 @@ class PathFilter:
     ignore_defaults: bool = True
     recursive: bool = True
 
-    def root_of(self, path: Path) -> Path | None:
+    def root_of(self, path: Path | str) -> Path | None:
         """The (deepest) root ``path`` belongs to, or ``None``."""
         best: Path | None = None
         for root in self.roots:
