@@ -209,7 +209,7 @@ class Engine:
             elif ev.kind is EventKind.RESYNC:
                 resync = True
             elif ev.kind is EventKind.SUBTREE and ev.path is not None:
-                subtrees.add(ev.path)
+                subtrees.add(Path(ev.path))
             elif ev.path is not None:
                 self._observe_file(ev, now)
         if resync:
@@ -230,8 +230,9 @@ class Engine:
         assert ev.path is not None
         writing = _WRITING.get(ev.kind)
         key = os.fspath(ev.path)
+        path = ev.path if isinstance(ev.path, Path) else None
         for slot in self.slots.values():
-            if slot.owns(key, ev.path):
+            if slot.owns(key, path):
                 self.agg.observe((slot.name, key), now, reason=Reason.INOTIFY, writing=writing)
 
     def _force(self, f: Force, now: float) -> None:
