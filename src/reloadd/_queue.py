@@ -166,6 +166,7 @@ class WorkQueue:
     ) -> None:
         self.consumer = consumer
         self.records = records
+        self._recs = records.by_str
         self.concurrency = max(1, concurrency)
         self.max_batch = max_batch
         self._delay = _backoff(backoff_initial, backoff_max)
@@ -298,7 +299,7 @@ class WorkQueue:
         self._on_change()
 
     def _needed(self, item: Item) -> bool:
-        rec = self.records.get(item.key)
+        rec = self._recs.get(item.key)
         verdict = needed(rec, item.fingerprint, item.digest, forced=item.forced)
         if verdict is Needed.SAME_CONTENT and rec is not None:
             # Same content, only times (or the inode) moved: remember the new
@@ -409,7 +410,7 @@ class WorkQueue:
         self._on_change()
 
     def _change_of(self, item: Item) -> Change:
-        kind = change_kind(self.records.get(item.key), item.fingerprint)
+        kind = change_kind(self._recs.get(item.key), item.fingerprint)
         return Change(item.path, kind, item.fingerprint, item.digest, item.forced, item.root)
 
     async def _run_batch(self, items: list[Item]) -> None:
@@ -493,7 +494,7 @@ class WorkQueue:
 
     def _apply(self, item: Item, change: Change, result: Result | None) -> None:
         path = item.key
-        prev = self.records.get(path)
+        prev = self._recs.get(path)
         if result is None:
             result = Ack(prev.data if prev is not None else None)
         if isinstance(result, Ack):

@@ -166,7 +166,10 @@ class RecordStore(Mapping[Path, PathRecord]):
 
     @property
     def by_str(self) -> Mapping[str, PathRecord]:
-        """The live records keyed by path string (the engine's hot paths; never mutate it)."""
+        """The live records keyed by path string (the engine's hot paths; never mutate it).
+
+        The same dict object for the store's lifetime, so callers may keep it.
+        """
         return self._records
 
     def rejected(self) -> int:
@@ -209,7 +212,8 @@ class RecordStore(Mapping[Path, PathRecord]):
                 os.truncate(self._journal, good_end)  # the next append must not glue onto a torn line
             except OSError as exc:
                 raise StateError(f"Failed to read {self._journal}: {exc.strerror}") from exc
-        self._records = records
+        self._records.clear()  # in place: by_str stays the live mapping
+        self._records.update(records)
         self._journal_lines = lines
 
     def _read_gen(self) -> int:
