@@ -37,6 +37,7 @@ __all__ = ["Engine", "EngineStats", "Force", "Slot"]
 log = logging.getLogger("reloadd.engine")
 
 _OFFLOAD = 64  # probes beyond this many go to a worker thread
+_STEP = 4096  # keys settled, or observed after a walk, per turn of the event loop
 _OWNS_CACHE = 1 << 20
 
 
@@ -283,7 +284,9 @@ class Engine:
         for key, error in diff.errors:
             self._warn(key, error)
         now = self.clock()
-        for name, key in diff.observe:
+        for i, (name, key) in enumerate(diff.observe):
+            if i and not i % _STEP:
+                await asyncio.sleep(0)  # a 100k-path walk must not keep the inotify reader off the loop
             slot = self.slots.get(name)
             if slot is not None and (key in slot.records.by_str or slot.owns(key)):
                 self.agg.observe((name, key), now, reason=reason, forced=forced, verify=True)
@@ -296,7 +299,7 @@ class Engine:
     # Settling --------------------------------------------------------------------
     async def _settle_due(self) -> None:
         now = self.clock()
-        due = self.agg.due(now)
+        due = self.agg.due(now, limit=_STEP)  # the rest is due at once: the pump comes straight back
         if not due:
             return
         jobs = [(key, self._root_of(key)) for key in due]
