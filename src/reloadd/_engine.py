@@ -70,9 +70,7 @@ class Slot:
         if hit is None:
             if len(self._owns) >= _OWNS_CACHE:
                 self._owns.clear()
-            if path is None:
-                path = Path(key)
-            hit = self._owns[key] = self.filter(path)
+            hit = self._owns[key] = self.filter.matches(key)
         if not hit:
             return False
         if self._accepts_all:
@@ -393,7 +391,7 @@ class _View:
         if hit is None:
             hit = self.learned.get(key)
             if hit is None:
-                hit = self.learned[key] = self.filter(Path(key))
+                hit = self.learned[key] = self.filter.matches(key)
         return hit
 
 @dataclass
