@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._proc import ratio
+from ._proc import percentile, ratio
 
 HOW_TO_RUN = """\
 # Core benchmarks: reloadd vs watchfiles
@@ -45,7 +45,9 @@ Method in short:
   `/proc/<pid>/task/*/status`.
 - **Rescan.** Runs in process, with `Engine.reconcile(None, Reason.RESCAN)` on an unchanged tree
   whose files were all acknowledged through the real start-up pass. This is what the 15 s timer
-  costs each time.
+  costs each time. The peer is `find DIR -printf '%i %s %T@\\n'` over the same tree (a stat walk in C).
+- **Medians.** Each burst runs 3 times with fresh watchers and a fresh directory, idle is measured
+  in 3 windows, each rescan 3-5 times; the targets table shows medians of those runs.
 """
 
 
@@ -109,58 +111,91 @@ def latency_section(results: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def _median(values: list[float]) -> float:
+    return percentile([v for v in values if not math.isnan(v)], 50)
+
+
+def _burst_medians(results: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Per burst size: medians over its runs of the per-run figures and reloadd / watchfiles ratios."""
+    out: dict[int, dict[str, float]] = {}
+    for n in dict.fromkeys(r["files"] for r in results):
+        runs = [r for r in results if r["files"] == n]
+        rd = [r["watchers"]["reloadd"] for r in runs]
+        wf = [r["watchers"]["watchfiles"] for r in runs]
+        out[n] = {
+            "runs": len(runs),
+            "last_rd": _median([x["last_delivery_s"] for x in rd]),
+            "last_wf": _median([x["last_delivery_s"] for x in wf]),
+            "last_ratio": _median([ratio(a["last_delivery_s"], b["last_delivery_s"])
+                                   for a, b in zip(rd, wf, strict=True)]),
+            "cpu_rd": _median([x["cpu_s"] for x in rd]),
+            "cpu_wf": _median([x["cpu_s"] for x in wf]),
+            "cpu_ratio": _median([ratio(a["cpu_s"], b["cpu_s"]) for a, b in zip(rd, wf, strict=True)]),
+            "hwm_rd": _median([x.get("vmhwm", math.nan) for x in rd]),
+            "hwm_wf": _median([x.get("vmhwm", math.nan) for x in wf]),
+            "complete_rd": min(x["completeness"] for x in rd),
+        }
+    return out
+
+
 def burst_section(results: list[dict[str, Any]]) -> str:
     out = [
         "## 2. Bursts (and 5. memory after them)",
         "",
         "Both watchers run at their defaults. Time is measured from the first create to the last delivery "
         "of a burst file. CPU is what the watcher process spent from the burst start until the end of "
-        "following it. Memory (VmHWM is the peak RSS, VmRSS is current) is read when following ends.",
+        "following it. Memory (VmHWM is the peak RSS, VmRSS is current) is read when following ends: for "
+        "reloadd, every file of the burst is then watched and acknowledged.",
         "",
-        "| files | create s | watcher | batches | delivered | complete | dup | first / last delivery s | CPU s "
-        "| VmHWM MiB | VmRSS MiB | threads | reloadd overflows / rescans |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| files | run | create s | watcher | batches | delivered | complete | dup | first / last delivery s "
+        "| CPU s | VmHWM MiB | VmRSS MiB | threads | reloadd overflows / rescans |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for label, s in r["watchers"].items():
             eng = s.get("engine") or {}
             ov = f"{eng.get('overflows', 'n/a')} / {eng.get('rescans', 'n/a')}" if label == "reloadd" else ""
             out.append(
-                f"| {r['files']:,} | {r['create_seconds']:.1f} | {label} | {s['batches']:,} | {s['delivered']:,} "
-                f"| {100 * s['completeness']:.1f} % | {s.get('duplicates', 0):,} "
+                f"| {r['files']:,} | {r.get('run', 1)} | {r['create_seconds']:.1f} | {label} | {s['batches']:,} "
+                f"| {s['delivered']:,} | {100 * s['completeness']:.1f} % | {s.get('duplicates', 0):,} "
                 f"| {_f(s.get('first_delivery_s', math.nan))} / {_f(s['last_delivery_s'])} | {_f(s['cpu_s'])} "
                 f"| {_mib(s.get('vmhwm'))} | {_mib(s.get('vmrss'))} | {s.get('threads', 'n/a')} | {ov} |"
             )
-    out += ["", "Ratios reloadd / watchfiles, same burst:", "",
-            "| files | delivered | last delivery | CPU | VmHWM | VmRSS |", "|---|---|---|---|---|---|"]
-    for r in results:
-        rd, wf = r["watchers"]["reloadd"], r["watchers"]["watchfiles"]
-        out.append(
-            f"| {r['files']:,} | {_x(ratio(rd['delivered'], wf['delivered']))} "
-            f"| {_x(ratio(rd['last_delivery_s'], wf['last_delivery_s']))} | {_x(ratio(rd['cpu_s'], wf['cpu_s']))} "
-            f"| {_x(ratio(rd.get('vmhwm', math.nan), wf.get('vmhwm', math.nan)))} "
-            f"| {_x(ratio(rd.get('vmrss', math.nan), wf.get('vmrss', math.nan)))} |"
-        )
+    out += ["", "Ratios reloadd / watchfiles, same burst, median over the runs:", "",
+            "| files | runs | last delivery | CPU | VmHWM |", "|---|---|---|---|---|"]
+    for n, m in _burst_medians(results).items():
+        out.append(f"| {n:,} | {m['runs']:.0f} | {_x(m['last_ratio'])} | {_x(m['cpu_ratio'])} "
+                   f"| {_x(ratio(m['hwm_rd'], m['hwm_wf']))} |")
     return "\n".join(out)
 
 
+def _idle_medians(r: dict[str, Any]) -> dict[str, dict[str, float]]:
+    labels = list(r["windows"][0]["watchers"])
+    return {label: {k: _median([w["watchers"][label][k] for w in r["windows"]])
+                    for k in ("cpu_s", "cpu_pct", "wakeups_per_s", "involuntary_per_s")} for label in labels}
+
+
 def idle_section(r: dict[str, Any]) -> str:
+    win = r["windows"]
     out = [
         "## 3. Idle cost",
         "",
-        f"Measured over {r['seconds']:.0f} s with {r['files']:,} files present and nothing changing. "
-        "reloadd's figure includes its periodic stat rescans (every 15 s).",
+        f"Measured in {len(win)} consecutive windows of {win[0]['seconds']:.0f} s with {r['files']:,} files "
+        "present and nothing changing. reloadd's figure includes its periodic stat rescans (every 15 s).",
         "",
-        "| watcher | CPU s | CPU % of one core | wakeups/s (voluntary) | involuntary/s | threads | batches |",
-        "|---|---|---|---|---|---|---|",
+        "| window | watcher | CPU s | CPU % of one core | wakeups/s (voluntary) | involuntary/s | threads | batches |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for label, s in r["watchers"].items():
-        out.append(
-            f"| {label} | {s['cpu_s']:.2f} | {s['cpu_pct']:.2f} | {s['wakeups_per_s']:.1f} "
-            f"| {s['involuntary_per_s']:.1f} | {s['threads']} | {s['batches']} |"
-        )
-    rd, wf = r["watchers"]["reloadd"], r["watchers"]["watchfiles"]
-    out += ["", f"Ratio reloadd / watchfiles: CPU {_x(ratio(rd['cpu_s'], wf['cpu_s']))}, "
+    for i, w in enumerate(win, 1):
+        for label, s in w["watchers"].items():
+            out.append(
+                f"| {i} | {label} | {s['cpu_s']:.2f} | {s['cpu_pct']:.2f} | {s['wakeups_per_s']:.1f} "
+                f"| {s['involuntary_per_s']:.1f} | {s['threads']} | {s['batches']} |"
+            )
+    med = _idle_medians(r)
+    rd, wf = med["reloadd"], med["watchfiles"]
+    out += ["", f"Medians: reloadd {rd['cpu_pct']:.2f} %, watchfiles {wf['cpu_pct']:.2f} % of a core; ratio "
+            f"reloadd / watchfiles: CPU {_x(ratio(rd['cpu_s'], wf['cpu_s']))}, "
             f"wakeups {_x(ratio(rd['wakeups_per_s'], wf['wakeups_per_s']))}."]
     return "\n".join(out)
 
@@ -172,26 +207,66 @@ def rescan_section(results: list[dict[str, Any]]) -> str:
         "Each row times `Engine.reconcile(None, Reason.RESCAN)` on an unchanged tree in which every file was "
         "acknowledged. CPU is `process_time` (all threads). \"Re-observed\" counts paths the rescan wrongly "
         "sent back to the aggregator, so it should be 0. \"Initial sync\" is the start-up pass that "
-        "took in every file (wall time). \"Bare walk\" is `reloadd._scan.walk` alone over the same tree "
-        "(the file-system floor of any rescan). watchfiles has no rescan, so there is no peer column.",
+        "took in every file (wall time). \"Bare walk\" is `reloadd._scan.scan` alone over the same tree "
+        "(the file-system floor of any rescan). watchfiles has no rescan; the peer is "
+        "`find -printf '%i %s %T@'` over the same tree, CPU (user + system), median of as many runs.",
         "",
         "| files | records | initial sync s | rescans | CPU p50 ms | CPU p99 ms | wall p50 ms | wall p99 ms "
-        "| CPU µs/file (p50) | bare walk CPU p50 ms | re-observed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| CPU µs/file (p50) | bare walk CPU p50 ms | find CPU p50 ms | CPU / find | re-observed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         c, w = r["cpu"], r["wall"]
+        find = r.get("find_cpu", {}).get("p50", math.nan)
         out.append(
             f"| {r['files']:,} | {r['records']:,} | {r['initial_sync_s']:.1f} | {c['n']} | {_ms(c['p50'])} "
             f"| {_ms(c['p99'])} | {_ms(w['p50'])} | {_ms(w['p99'])} | {1e6 * c['p50'] / max(1, r['files']):.1f} "
-            f"| {_ms(r.get('walk_cpu', {}).get('p50', math.nan))} | {r['reobserved']} |"
+            f"| {_ms(r.get('walk_cpu', {}).get('p50', math.nan))} | {_ms(find)} | {_x(ratio(c['p50'], find))} "
+            f"| {r['reobserved']} |"
         )
+    return "\n".join(out)
+
+
+def _ok(value: float, limit: float) -> str:
+    return "n/a" if math.isnan(value) else ("met" if value <= limit else "**not met**")
+
+
+def targets_section(data: dict[str, Any]) -> str:
+    """The figures issue #13 sets targets for, each a median of at least 3 runs, with the peer's."""
+    rows: list[tuple[str, str, str, str, str]] = []
+    bursts = _burst_medians(data.get("burst") or [])
+    big = bursts.get(max(bursts)) if bursts else None
+    if big is not None:
+        n = max(bursts)
+        rows.append((f"{n:,} burst: last delivery / watchfiles", f"{big['last_rd']:.1f} s / {big['last_wf']:.1f} s",
+                     _x(big["last_ratio"]), "≤ 1.50×", _ok(big["last_ratio"], 1.5)))
+        rows.append((f"{n:,} burst: CPU / watchfiles", f"{big['cpu_rd']:.1f} s / {big['cpu_wf']:.1f} s",
+                     _x(big["cpu_ratio"]), "≤ 3.00×", _ok(big["cpu_ratio"], 3.0)))
+        rows.append((f"peak RSS, {n:,} files watched and acknowledged",
+                     f"{_mib(int(big['hwm_rd']))} MiB / {_mib(int(big['hwm_wf']))} MiB (watchfiles)",
+                     f"{big['hwm_rd'] / 1024:.1f} MiB", "≤ 100 MiB", _ok(big["hwm_rd"] / 1024, 100.0)))
+    for r in data.get("rescan") or []:
+        c = r["cpu"]["p50"]
+        find = r.get("find_cpu", {}).get("p50", math.nan)
+        rows.append((f"rescan of {r['files']:,} acknowledged files: CPU", f"{_ms(c)} ms / find {_ms(find)} ms",
+                     f"{_ms(c)} ms", "≤ 500 ms" if r["files"] >= 100_000 else "", _ok(c, 0.5)
+                     if r["files"] >= 100_000 else ""))
+        rows.append((f"rescan of {r['files']:,}: CPU / find", "", _x(ratio(c, find)), "≤ 3.00×",
+                     _ok(ratio(c, find), 3.0)))
+    if data.get("idle"):
+        med = _idle_medians(data["idle"])
+        rd, wf = med["reloadd"]["cpu_pct"], med["watchfiles"]["cpu_pct"]
+        rows.append((f"idle over {data['idle']['files']:,} files: CPU % of a core",
+                     f"{rd:.2f} % / {wf:.2f} % (watchfiles)", f"{rd:.2f} %", "≤ 0.30 %", _ok(rd, 0.3)))
+    out = ["## Targets (issue #13), medians of this run", "",
+           "| figure | reloadd / peer | value | target | |", "|---|---|---|---|---|"]
+    out += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
     return "\n".join(out)
 
 
 def render(data: dict[str, Any]) -> str:
     """The whole Markdown document."""
-    parts = [HOW_TO_RUN, machine_section(data["machine"])]
+    parts = [HOW_TO_RUN, machine_section(data["machine"]), targets_section(data)]
     if data.get("latency"):
         parts.append(latency_section(data["latency"]))
     if data.get("burst"):

@@ -16,14 +16,13 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from ._types import Fingerprint, Reason
 
 __all__ = ["Aggregator", "Key", "Pending", "Timing"]
 
-Key = tuple[str, Path]
-"""(consumer name, path)."""
+Key = tuple[str, str]
+"""(consumer name, path as a string)."""
 
 _UNSET: object = object()
 
@@ -90,6 +89,10 @@ class Aggregator:
         """Whether any path of ``consumer`` is still settling."""
         return self._per_consumer[consumer] > 0
 
+    def keys_snapshot(self) -> list[Key]:
+        """The held keys, copied in one step (safe to call from another thread)."""
+        return list(self._pending)
+
     def get(self, key: Key) -> Pending | None:
         """The pending entry of ``key``, if any."""
         return self._pending.get(key)
@@ -142,7 +145,7 @@ class Aggregator:
         self._push(key, p)
 
     def _due_at(self, key: Key, p: Pending) -> float:
-        t = self.timing(key[0])
+        t = self._timings.get(key[0], self._default)
         if p.writing:
             return p.last + t.max_delay  # an idle writer that never closes
         if p.verify:

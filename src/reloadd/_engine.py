@@ -6,32 +6,38 @@ want them, and puts released paths on the owning consumer's :class:`WorkQueue`.
 Structural events (a new or moved directory, a ConfigMap swap, a periodic or overflow
 rescan, a forced resync) become a *reconcile*: a stat walk compared against what each
 consumer acknowledged, so only what differs enters the aggregator.
+
+Inside the engine a path is its string (aggregator keys, filter memo, records, queue
+keys): one object per path, hashed and compared in C. A ``Path`` is built once per
+hand-over, for the consumer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._aggregator import Aggregator, Key
-from ._consumer import Consumer
+from ._consumer import BaseConsumer, Consumer
 from ._filters import PathFilter, under
 from ._queue import Item, WorkQueue
-from ._scan import DigestCache, Probe, probe, walk
+from ._scan import DigestCache, Probe, probe, scan
 from ._sources.base import EventKind, SourceEvent
 from ._state import RecordStore
-from ._types import Fingerprint, Reason
+from ._types import Fingerprint, PathRecord, Reason
 
 __all__ = ["Engine", "EngineStats", "Force", "Slot"]
 
 log = logging.getLogger("reloadd.engine")
 
 _OFFLOAD = 64  # probes beyond this many go to a worker thread
+_STEP = 4096  # keys settled, or observed after a walk, per turn of the event loop
 _OWNS_CACHE = 1 << 20
 
 
@@ -50,24 +56,31 @@ class Slot:
         return self.consumer.name
 
     def __post_init__(self) -> None:
-        self._owns: dict[Path, bool] = {}
-        self._bad_accepts: set[Path] = set()
+        self._owns: dict[str, bool] = {}
+        self._bad_accepts: set[str] = set()
+        accepts = getattr(type(self.consumer), "accepts", None)
+        self._accepts_all = accepts is BaseConsumer.accepts  # not overridden: no Path to build per event
 
-    def owns(self, path: Path) -> bool:
-        """Whether ``path`` is this consumer's business (the path filter is memoised)."""
-        hit = self._owns.get(path)
+    def owns(self, key: str, path: Path | None = None) -> bool:
+        """Whether the path ``key`` is this consumer's business (the path filter is memoised).
+
+        ``path`` is the same path as a ``Path`` when the caller has one (else one is built).
+        """
+        hit = self._owns.get(key)
         if hit is None:
             if len(self._owns) >= _OWNS_CACHE:
                 self._owns.clear()
-            hit = self._owns[path] = self.filter(path)
+            hit = self._owns[key] = self.filter.matches(key)
         if not hit:
             return False
+        if self._accepts_all:
+            return True
         try:
-            return bool(self.consumer.accepts(path))
+            return bool(self.consumer.accepts(path if path is not None else Path(key)))
         except Exception as exc:  # a plugin bug must not stop the pump for everyone
-            if path not in self._bad_accepts:
-                self._bad_accepts.add(path)
-                log.error("Failed to filter %s in consumer %s: %s", path, self.name, exc)
+            if key not in self._bad_accepts:
+                self._bad_accepts.add(key)
+                log.error("Failed to filter %s in consumer %s: %s", key, self.name, exc)
             return False
 
 
@@ -118,7 +131,7 @@ class Engine:
         self.stats = EngineStats()
         self.busy = False
         self.startup_done = asyncio.Event()
-        self._warned: dict[Path, str] = {}
+        self._warned: dict[str, str] = {}
         self._in_hand: set[Key] = set()  # released by the aggregator, not yet on a queue
         self._in_hand_by: Counter[str] = Counter()
 
@@ -146,7 +159,7 @@ class Engine:
         """Whether a path of ``consumer`` for which ``paths`` is true is still settling."""
         if not self.holds(consumer):
             return False
-        return any(k[0] == consumer and paths(k[1]) for k in (*self.agg.keys(), *self._in_hand))
+        return any(k[0] == consumer and paths(Path(k[1])) for k in (*self.agg.keys(), *self._in_hand))
 
     # The pump --------------------------------------------------------------------
     async def pump(self) -> None:
@@ -195,7 +208,7 @@ class Engine:
             elif ev.kind is EventKind.RESYNC:
                 resync = True
             elif ev.kind is EventKind.SUBTREE and ev.path is not None:
-                subtrees.add(ev.path)
+                subtrees.add(Path(ev.path))
             elif ev.path is not None:
                 self._observe_file(ev, now)
         if resync:
@@ -214,17 +227,20 @@ class Engine:
 
     def _observe_file(self, ev: SourceEvent, now: float) -> None:
         assert ev.path is not None
-        writing = {EventKind.WRITING: True, EventKind.WRITTEN: False, EventKind.GONE: False}.get(ev.kind)
+        writing = _WRITING.get(ev.kind)
+        key = os.fspath(ev.path)
+        path = ev.path if isinstance(ev.path, Path) else None
         for slot in self.slots.values():
-            if slot.owns(ev.path):
-                self.agg.observe((slot.name, ev.path), now, reason=Reason.INOTIFY, writing=writing)
+            if slot.owns(key, path):
+                self.agg.observe((slot.name, key), now, reason=Reason.INOTIFY, writing=writing)
 
     def _force(self, f: Force, now: float) -> None:
         slots = [self.slots[f.consumer]] if f.consumer in self.slots else list(self.slots.values())
         for s in slots:
             for p in f.paths or ():
-                if s.owns(p) or p in s.records:
-                    self.agg.observe((s.name, p), now, reason=Reason.SIGNAL, forced=True)
+                key = os.fspath(p)
+                if s.owns(key, p) or key in s.records.by_str:
+                    self.agg.observe((s.name, key), now, reason=Reason.SIGNAL, forced=True)
 
     # Reconcile -------------------------------------------------------------------
     async def reconcile(
@@ -232,30 +248,30 @@ class Engine:
     ) -> None:
         """Walk ``tops`` (every root when ``None``) and observe what differs from the records.
 
-        The walk and the diff against each consumer's records run in a worker thread on
-        copies taken here, so a 100k-file rescan does not stall the event loop.
+        The walk and the diff run in a worker thread. Nothing is copied per record for
+        it: the thread only reads the live records and filter memo with single ``get``
+        calls (atomic under the GIL, and a record read a moment later than the walk is
+        still one the consumer acknowledged), and takes the record keys in one
+        ``list()`` for the deletion pass.
         """
         slots = [self.slots[only]] if only else list(self.slots.values())
-        jobs: list[tuple[Path, Path, bool]] = []  # (top, root, recursive)
+        jobs: list[tuple[str, str, bool]] = []  # (top, root, recursive)
         for s in slots:
             for root in s.filter.roots:
                 if tops is None:
-                    jobs.append((root, root, s.filter.recursive))
+                    jobs.append((str(root), str(root), s.filter.recursive))
                     continue
                 for top in tops:
                     if under(top, root):
-                        jobs.append((top, root, s.filter.recursive))
+                        jobs.append((str(top), str(root), s.filter.recursive))
                     elif under(root, top):
-                        jobs.append((root, root, s.filter.recursive))
+                        jobs.append((str(root), str(root), s.filter.recursive))
         jobs = list(dict.fromkeys(jobs))
-        views = [
-            _View(s.name, s.filter, dict(s._owns), {p: r.fingerprint for p, r in s.records.items()},
-                  s.queue.queued_fingerprints())
-            for s in slots
-        ]
-        pending = set(self.agg.keys())
+        views = [_View(s.name, s.filter, s._owns, s.records.by_str, s.queue.queued_fingerprint, self.agg)
+                 for s in slots]
+        scopes = [str(t) for t in tops] if tops is not None else None
         started = time.perf_counter()
-        diff = await asyncio.to_thread(_diff, jobs, views, tops, forced, pending)
+        diff = await asyncio.to_thread(_diff, jobs, views, scopes, forced)
         if tops is None:
             self.stats.rescans += 1
             self.stats.rescan_seconds += time.perf_counter() - started
@@ -263,15 +279,17 @@ class Engine:
             slot = self.slots.get(view.name)
             if slot is not None:
                 slot._owns.update(view.learned)
-        for path, error in diff.errors:
-            self._warn(path, error)
+        for key, error in diff.errors:
+            self._warn(key, error)
         now = self.clock()
-        for name, path in diff.observe:
+        for i, (name, key) in enumerate(diff.observe):
+            if i and not i % _STEP:
+                await asyncio.sleep(0)  # a 100k-path walk must not keep the inotify reader off the loop
             slot = self.slots.get(name)
-            if slot is not None and (path in slot.records or slot.owns(path)):
-                self.agg.observe((name, path), now, reason=reason, forced=forced, verify=True)
+            if slot is not None and (key in slot.records.by_str or slot.owns(key)):
+                self.agg.observe((name, key), now, reason=reason, forced=forced, verify=True)
 
-    def _warn(self, path: Path, error: str) -> None:
+    def _warn(self, path: str, error: str) -> None:
         if self._warned.get(path) != error:
             self._warned[path] = error
             log.warning("Ignoring %s: %s", path, error)
@@ -279,7 +297,7 @@ class Engine:
     # Settling --------------------------------------------------------------------
     async def _settle_due(self) -> None:
         now = self.clock()
-        due = self.agg.due(now)
+        due = self.agg.due(now, limit=_STEP)  # the rest is due at once: the pump comes straight back
         if not due:
             return
         jobs = [(key, self._root_of(key)) for key in due]
@@ -309,7 +327,7 @@ class Engine:
             for key, _, fp, _, _ in released
             if fp is not None and self.slots[key[0]].consumer.content_digest
         ]
-        digests: dict[tuple[Path, Fingerprint], str | None] = {}
+        digests: dict[tuple[str, Fingerprint], str | None] = {}
         if want:
             digests = await asyncio.to_thread(_digest_all, self.digests, want)
         for key, root, fp, forced, reason in released:
@@ -329,15 +347,10 @@ class Engine:
     def _root_of(self, key: Key) -> Path:
         slot = self.slots.get(key[0])
         root = slot.filter.root_of(key[1]) if slot else None
-        return root if root is not None else key[1].parent
+        return root if root is not None else Path(os.path.dirname(key[1]))
 
 
-def _walk_all(jobs: list[tuple[Path, Path, bool]]) -> dict[Path, Probe]:
-    out: dict[Path, Probe] = {}
-    for top, root, recursive in jobs:
-        for path, pr in walk(top, root, recursive=recursive):
-            out[path] = pr
-    return out
+_WRITING = {EventKind.WRITING: True, EventKind.WRITTEN: False, EventKind.GONE: False}
 
 
 def _probe_all(jobs: list[tuple[Key, Path]]) -> list[Probe]:
@@ -349,9 +362,9 @@ _UNREADABLE = "unreadable:"
 
 
 def _digest_all(
-    cache: DigestCache, want: list[tuple[Path, Fingerprint]]
-) -> dict[tuple[Path, Fingerprint], str | None]:
-    out: dict[tuple[Path, Fingerprint], str | None] = {}
+    cache: DigestCache, want: list[tuple[str, Fingerprint]]
+) -> dict[tuple[str, Fingerprint], str | None]:
+    out: dict[tuple[str, Fingerprint], str | None] = {}
     for p, fp in want:
         try:
             d = cache.digest(p, fp)
@@ -363,57 +376,69 @@ def _digest_all(
 
 @dataclass
 class _View:
-    """A consumer as the reconcile thread sees it: copies, never the live objects."""
+    """A consumer as the reconcile thread sees it: live objects it only reads with ``get``/``in``."""
 
     name: str
     filter: PathFilter
-    owns: dict[Path, bool]
-    fingerprints: dict[Path, Fingerprint | None]
-    queued: dict[Path, Fingerprint | None]
-    learned: dict[Path, bool] = field(default_factory=dict)
+    owns: Mapping[str, bool]
+    records: Mapping[str, PathRecord]
+    queued: Callable[[str, object], object]  # WorkQueue.queued_fingerprint
+    agg: Aggregator
+    learned: dict[str, bool] = field(default_factory=dict)
 
+    def owned(self, key: str) -> bool:
+        hit = self.owns.get(key)
+        if hit is None:
+            hit = self.learned.get(key)
+            if hit is None:
+                hit = self.learned[key] = self.filter.matches(key)
+        return hit
 
 @dataclass
 class _Diff:
-    observe: list[tuple[str, Path]] = field(default_factory=list)
-    errors: list[tuple[Path, str]] = field(default_factory=list)
+    observe: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _diff(
-    jobs: list[tuple[Path, Path, bool]],
+    jobs: list[tuple[str, str, bool]],
     views: list[_View],
-    tops: list[Path] | None,
+    scopes: list[str] | None,
     forced: bool,
-    pending: set[Key],
 ) -> _Diff:
-    """Walk and compare with each consumer's acknowledged fingerprints (blocking)."""
-    found = _walk_all(jobs)
+    """Walk and compare with each consumer's acknowledged fingerprints (blocking).
+
+    The common case, a file whose fingerprint equals its record, costs one dict
+    lookup and one tuple comparison; the filter is consulted only for the rest.
+    """
+    found: dict[str, tuple[int, int, int, int]] = {}
+    errors: dict[str, str] = {}
+    for top, root, recursive in jobs:
+        scan(top, root, recursive, found, errors)
     out = _Diff()
-    warned: set[Path] = set()
+    warned: set[str] = set()
     for v in views:
-        for path, pr in found.items():
-            owned = v.owns.get(path)
-            if owned is None:
-                owned = v.learned[path] = v.filter(path)
-            if not owned:
-                continue
-            if pr.error is not None:
-                if path not in warned:
-                    warned.add(path)
-                    out.errors.append((path, pr.error))
-                continue
-            if forced or (v.name, path) in pending:
-                out.observe.append((v.name, path))
-            elif (
-                v.fingerprints.get(path, _MISSING) != pr.fingerprint
-                and v.queued.get(path, _MISSING) != pr.fingerprint
-            ):
-                out.observe.append((v.name, path))  # differs from what was acknowledged and what is queued
-        scopes = tops if tops is not None else list(v.filter.roots)
-        for path in v.fingerprints:
-            pr_found = found.get(path)
-            if (pr_found is None or pr_found.fingerprint is None) and any(under(path, t) for t in scopes):
-                out.observe.append((v.name, path))
+        name, records, owned, queued, held = v.name, v.records, v.owned, v.queued, v.agg
+        observe: dict[str, None] = {}
+        for key, fp in found.items():
+            rec = records.get(key)
+            if not forced and rec is not None and rec.fingerprint == fp:
+                continue  # acknowledged as it is (a held key is taken up below)
+            if owned(key) and (forced or (name, key) in held or queued(key, _MISSING) != fp):
+                observe[key] = None  # differs from what was acknowledged and what is queued
+        for held_name, key in held.keys_snapshot():
+            if held_name == name and key in found and owned(key):
+                observe[key] = None
+        for key, error in errors.items():
+            if owned(key) and key not in warned:
+                warned.add(key)
+                out.errors.append((key, error))
+        roots = scopes if scopes is not None else [str(r) for r in v.filter.roots]
+        prefixes = tuple(r if r.endswith("/") else r + "/" for r in roots)
+        for key in list(records):  # one atomic copy of the keys, not of the records
+            if key not in found and (key in roots or key.startswith(prefixes)):
+                observe[key] = None  # gone (or no longer a regular file)
+        out.observe.extend((name, key) for key in observe)
     return out
 
 

@@ -38,7 +38,7 @@ def is_kubelet_internal(name: str) -> bool:
     return name.startswith("..")
 
 
-def under(path: Path, root: Path) -> bool:
+def under(path: Path | str, root: Path | str) -> bool:
     """Whether ``path`` is ``root`` or lies beneath it (purely lexical, string-prefix fast)."""
     r = str(root)
     p = str(path)
@@ -66,7 +66,7 @@ class PathFilter:
     ignore_defaults: bool = True
     recursive: bool = True
 
-    def root_of(self, path: Path) -> Path | None:
+    def root_of(self, path: Path | str) -> Path | None:
         """The (deepest) root ``path`` belongs to, or ``None``."""
         best: Path | None = None
         for root in self.roots:
@@ -75,24 +75,32 @@ class PathFilter:
         return best
 
     def __call__(self, path: Path) -> bool:
-        root = self.root_of(path)
-        if root is None:
+        return self.matches(str(path))
+
+    def matches(self, path: str) -> bool:
+        """:meth:`__call__` for a path string (absolute, normalised): no ``Path`` is built."""
+        root = ""
+        depth = -1
+        for r in self.roots:
+            rs = str(r)
+            if (path == rs or path.startswith(rs if rs.endswith("/") else rs + "/")) and len(r.parts) > depth:
+                root, depth = rs, len(r.parts)
+        if depth < 0:
             return False
         if path == root:
             return True  # a file root is always wanted
-        rel = path.relative_to(root)
-        parts = rel.parts
+        rel = path[len(root):].lstrip("/")
+        parts = rel.split("/")
         if not self.recursive and len(parts) > 1:
             return False
         if any(is_kubelet_internal(p) for p in parts):
             return False
-        name = path.name
+        name = parts[-1]
         if self.ignore_defaults and is_editor_dropping(name):
             return False
-        rel_s = rel.as_posix()
-        if self.include and not _matches(self.include, rel_s, name):
+        if self.include and not _matches(self.include, rel, name):
             return False
-        return not (self.exclude and _matches(self.exclude, rel_s, name))
+        return not (self.exclude and _matches(self.exclude, rel, name))
 
 
 def _matches(patterns: Sequence[str], rel: str, name: str) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._aggregator import Aggregator
 from ._building import build_consumer, path_filter
 from ._config import Config, ConsumerConfig
 from ._consumer import Consumer, Planner
@@ -133,13 +134,14 @@ class PlanReport:
 
 def pending_changes(consumer: Consumer, filt: PathFilter, records: RecordStore) -> tuple[Change, ...]:
     """What the next start-up pass would hand ``consumer`` (blocking: walks, stats and digests)."""
-    jobs = [(root, root, filt.recursive) for root in filt.roots]
-    view = _View(consumer.name, filt, {}, {p: r.fingerprint for p, r in records.items()}, {})
-    diff = _diff(jobs, [view], None, False, set())
+    jobs = [(str(root), str(root), filt.recursive) for root in filt.roots]
+    view = _View(consumer.name, filt, {}, records.by_str, _nothing_queued, Aggregator())
+    diff = _diff(jobs, [view], None, False)
     digests = DigestCache()
     out: list[Change] = []
-    for _, path in dict.fromkeys(diff.observe):
-        if path not in records and not (filt(path) and _accepts(consumer, path)):
+    for _, key in dict.fromkeys(diff.observe):
+        path = Path(key)
+        if key not in records.by_str and not (filt(path) and _accepts(consumer, path)):
             continue
         root = filt.root_of(path) or path.parent
         fp = probe(path, root).fingerprint
@@ -151,6 +153,11 @@ def pending_changes(consumer: Consumer, filt: PathFilter, records: RecordStore) 
         if needed(rec, fp, digest) is Needed.YES:
             out.append(Change(path, change_kind(rec, fp), fp, digest, False, root))
     return tuple(sorted(out, key=lambda c: c.path))
+
+
+def _nothing_queued(key: str, default: object) -> object:
+    """No queue beside a plan: nothing is queued or in flight."""
+    return default
 
 
 def _accepts(consumer: Consumer, path: Path) -> bool:

@@ -32,9 +32,14 @@ log = logging.getLogger("reloadd.queue")
 
 @dataclass(slots=True)
 class Item:
-    """A settled path waiting for (or retrying) delivery."""
+    """A settled path waiting for (or retrying) delivery.
 
-    path: Path
+    ``key`` is the path as a string, the queue's and the records' key. The ``Path``
+    handed to the consumer is built when its batch is formed: 100,000 queued paths
+    hold 100,000 strings, not 100,000 ``Path`` objects.
+    """
+
+    key: str
     root: Path | None
     fingerprint: Fingerprint | None
     digest: str | None
@@ -46,6 +51,11 @@ class Item:
     last_error: str | None = None
     deferred: str | None = None
     group: str | None = None
+
+    @property
+    def path(self) -> Path:
+        """The path as a ``Path`` (built on each call)."""
+        return Path(self.key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,16 +166,17 @@ class WorkQueue:
     ) -> None:
         self.consumer = consumer
         self.records = records
+        self._recs = records.by_str
         self.concurrency = max(1, concurrency)
         self.max_batch = max_batch
         self._delay = _backoff(backoff_initial, backoff_max)
         self._on_change = on_change
         self._clock = clock
-        self._items: dict[Path, Item] = {}
-        self._inflight: set[Path] = set()
-        self._inflight_fps: dict[Path, Fingerprint | None] = {}
-        self._inflight_groups: dict[Path, str] = {}
-        self._inflight_failing: dict[Path, Item] = {}  # retries in progress: still failing until they succeed
+        self._items: dict[str, Item] = {}
+        self._inflight: set[str] = set()
+        self._inflight_fps: dict[str, Fingerprint | None] = {}
+        self._inflight_groups: dict[str, str] = {}
+        self._inflight_failing: dict[str, Item] = {}  # retries in progress: still failing until they succeed
         self._tasks: set[asyncio.Task[None]] = set()
         self._wakeup = asyncio.Event()
         self._flush_lock = asyncio.Lock()
@@ -205,7 +216,17 @@ class WorkQueue:
             return 0.0
         return max(0.0, self._clock() - min(i.since for i in self._items.values()))
 
-    def queued_fingerprints(self) -> dict[Path, Fingerprint | None]:
+    def queued_fingerprint(self, key: str, default: object = None) -> object:
+        """What is queued or in flight for ``key`` (``default`` when nothing).
+
+        Safe from the reconcile thread: only single dict reads of live state.
+        """
+        item = self._items.get(key)
+        if item is not None:
+            return item.fingerprint
+        return self._inflight_fps.get(key, default)
+
+    def queued_fingerprints(self) -> dict[str, Fingerprint | None]:
         """What is queued or in flight per path (a copy, for the reconcile thread)."""
         out = {p: i.fingerprint for p, i in self._items.items()}
         for p, fp in self._inflight_fps.items():
@@ -219,7 +240,7 @@ class WorkQueue:
                       if i.last_error is None and i.deferred is None and p not in self._inflight)
         return QueueCounts(len(self._items), len(self._inflight), failing, untried, self.records.rejected())
 
-    def _failing(self) -> dict[Path, Item]:
+    def _failing(self) -> dict[str, Item]:
         """Paths whose last attempt failed: waiting in backoff, or being retried right now."""
         out = dict(self._inflight_failing)
         out.update((p, i) for p, i in self._items.items() if i.last_error is not None)
@@ -230,18 +251,18 @@ class WorkQueue:
         now = self._clock()
         failing = [
             {
-                "path": str(i.path),
+                "path": i.key,
                 "attempts": i.attempts,
                 "error": i.last_error,
-                "retry_in": round(max(0.0, i.not_before - now), 3) if i.path in self._items else 0.0,
+                "retry_in": round(max(0.0, i.not_before - now), 3) if i.key in self._items else 0.0,
             }
             for i in self._failing().values()
         ]
         rejected = [
-            {"path": str(p), "error": r.error} for p, r in self.records.items() if r.error is not None
+            {"path": p, "error": r.error} for p, r in self.records.by_str.items() if r.error is not None
         ]
         deferred = [
-            {"path": str(i.path), "reason": i.deferred, "retry_in": round(max(0.0, i.not_before - now), 3)}
+            {"path": i.key, "reason": i.deferred, "retry_in": round(max(0.0, i.not_before - now), 3)}
             for i in self._items.values()
             if i.deferred is not None and i.last_error is None
         ]
@@ -261,7 +282,7 @@ class WorkQueue:
     # Input -----------------------------------------------------------------------
     def put(self, item: Item) -> None:
         """Queue a settled path, merging with what is already queued for it."""
-        old = self._items.get(item.path)
+        old = self._items.get(item.key)
         if old is not None:
             if old.fingerprint == item.fingerprint and not item.forced:
                 return  # nothing new (a rescan re-finding a path in backoff): keep its backoff
@@ -271,19 +292,19 @@ class WorkQueue:
             item.since = self._clock()
         if self._group_of is not None:
             item.group = self._group_of(item.path)
-        if old is None and item.path not in self._inflight and not self._needed(item):
+        if old is None and item.key not in self._inflight and not self._needed(item):
             return
-        self._items[item.path] = item
+        self._items[item.key] = item
         self._wakeup.set()
         self._on_change()
 
     def _needed(self, item: Item) -> bool:
-        rec = self.records.get(item.path)
+        rec = self._recs.get(item.key)
         verdict = needed(rec, item.fingerprint, item.digest, forced=item.forced)
         if verdict is Needed.SAME_CONTENT and rec is not None:
             # Same content, only times (or the inode) moved: remember the new
             # fingerprint so the next comparison is a cheap one.
-            self.records.put(item.path, replace(rec, fingerprint=item.fingerprint))
+            self.records.put(item.key, replace(rec, fingerprint=item.fingerprint))
         if verdict is not Needed.YES and item.fingerprint is not None and rec is not None:
             self.stats.dropped_unchanged += 1
         return verdict is Needed.YES
@@ -329,7 +350,7 @@ class WorkQueue:
                 return None  # recheck() wakes us when they are done
             now = self._clock()
             ready: list[Item] = []
-            stale: list[Path] = []
+            stale: list[str] = []
             held: dict[str, bool] = {}
             next_due: float | None = None
             for path, item in self._items.items():  # insertion order: oldest first
@@ -360,13 +381,13 @@ class WorkQueue:
                 self._on_change()
                 return None if next_due is None else max(0.0, next_due - now)
             for item in ready:
-                del self._items[item.path]
-                self._inflight.add(item.path)
-                self._inflight_fps[item.path] = item.fingerprint
+                del self._items[item.key]
+                self._inflight.add(item.key)
+                self._inflight_fps[item.key] = item.fingerprint
                 if item.group is not None:
-                    self._inflight_groups[item.path] = item.group
+                    self._inflight_groups[item.key] = item.group
                 if item.last_error is not None:
-                    self._inflight_failing[item.path] = item
+                    self._inflight_failing[item.key] = item
             task = asyncio.create_task(self._run_batch(ready), name=f"reloadd-batch-{self.consumer.name}")
             self._tasks.add(task)
             task.add_done_callback(self._batch_done)
@@ -377,7 +398,7 @@ class WorkQueue:
         groups = {i.group for i in ready if i.group is not None}
         if not groups:
             return
-        chosen = {i.path for i in ready}
+        chosen = {i.key for i in ready}
         for path, item in self._items.items():
             if item.group in groups and path not in chosen and path not in self._inflight and item.not_before <= now:
                 ready.append(item)
@@ -389,7 +410,7 @@ class WorkQueue:
         self._on_change()
 
     def _change_of(self, item: Item) -> Change:
-        kind = change_kind(self.records.get(item.path), item.fingerprint)
+        kind = change_kind(self._recs.get(item.key), item.fingerprint)
         return Change(item.path, kind, item.fingerprint, item.digest, item.forced, item.root)
 
     async def _run_batch(self, items: list[Item]) -> None:
@@ -402,29 +423,28 @@ class WorkQueue:
                 results = await self._handle(batch)
             except Exception as exc:
                 if len(items) == 1:
-                    results = {items[0].path: self._map_error(exc, items[0].path)}
+                    results = {changes[0].path: self._map_error(exc, changes[0].path)}
                 else:
                     results = await self._one_by_one(batch, exc)
         except asyncio.CancelledError:
             for item in items:  # abandoned, not lost: still unacknowledged on disk
-                self._inflight.discard(item.path)
-                self._inflight_fps.pop(item.path, None)
-                self._inflight_groups.pop(item.path, None)
-                self._inflight_failing.pop(item.path, None)
-                self._inflight_failing.pop(item.path, None)
-                self._items.setdefault(item.path, item)
+                self._inflight.discard(item.key)
+                self._inflight_fps.pop(item.key, None)
+                self._inflight_groups.pop(item.key, None)
+                self._inflight_failing.pop(item.key, None)
+                self._items.setdefault(item.key, item)
             raise
         self.stats.batches += 1
         try:
             for item, change in zip(items, changes, strict=True):
-                self._apply(item, change, results.get(item.path))
+                self._apply(item, change, results.get(change.path))
             await self.flush()  # still in flight until the acknowledgement is durable
         finally:
             for item in items:
-                self._inflight.discard(item.path)
-                self._inflight_fps.pop(item.path, None)
-                self._inflight_groups.pop(item.path, None)
-                self._inflight_failing.pop(item.path, None)
+                self._inflight.discard(item.key)
+                self._inflight_fps.pop(item.key, None)
+                self._inflight_groups.pop(item.key, None)
+                self._inflight_failing.pop(item.key, None)
 
     async def _handle(self, batch: Batch) -> Mapping[Path, Result]:
         results = await self.consumer.handle(batch)
@@ -473,8 +493,8 @@ class WorkQueue:
         return Retry(f"{type(exc).__name__}: {exc}")
 
     def _apply(self, item: Item, change: Change, result: Result | None) -> None:
-        path = item.path
-        prev = self.records.get(path)
+        path = item.key
+        prev = self._recs.get(path)
         if result is None:
             result = Ack(prev.data if prev is not None else None)
         if isinstance(result, Ack):

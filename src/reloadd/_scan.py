@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._filters import is_kubelet_internal, under
+from ._filters import under
 from ._types import Fingerprint
 
-__all__ = ["DigestCache", "Probe", "probe", "walk"]
+__all__ = ["DigestCache", "Probe", "probe", "scan", "walk"]
 
 _CHUNK = 1 << 20
+_NOT_REGULAR = "not a regular file (FIFO, socket or device); ignored"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,7 @@ class Probe:
         return self.fingerprint is not None
 
 
-def probe(path: Path, root: Path) -> Probe:
+def probe(path: Path | str, root: Path | str) -> Probe:
     """Stat ``path``, following symlinks only while they stay under ``root``.
 
     A ConfigMap's ``key -> ..data/key`` symlinks stay inside the mount and are
@@ -63,7 +64,7 @@ def probe(path: Path, root: Path) -> Probe:
             return Probe(None)  # dangling: as good as absent
         except OSError as exc:
             return Probe(None, f"cannot resolve symlink: {exc.strerror or exc}")
-        if path != root:  # a configured file root may point anywhere; entries below a root may not
+        if os.fspath(path) != os.fspath(root):  # a configured file root may point anywhere; entries below may not
             real_root = Path(os.path.realpath(root))
             if not under(target, real_root):
                 return Probe(None, f"symlink resolves to {target}, outside the watched root {root}")
@@ -74,7 +75,7 @@ def probe(path: Path, root: Path) -> Probe:
     if stat.S_ISDIR(st.st_mode):
         return Probe(None)
     if not stat.S_ISREG(st.st_mode):
-        return Probe(None, "not a regular file (FIFO, socket or device); ignored")
+        return Probe(None, _NOT_REGULAR)
     return Probe(Fingerprint.from_stat(st))
 
 
@@ -83,66 +84,95 @@ def walk(top: Path, root: Path, *, recursive: bool = True) -> Iterator[tuple[Pat
 
     ``root`` is the configured root ``top`` lies in (symlinks must stay inside it).
     Directories are not followed through symlinks (no loops, no escapes) and
-    kubelet's ``..`` bookkeeping directories are skipped.
+    kubelet's ``..`` bookkeeping directories are skipped. An object per entry: the
+    engine's rescans use :func:`scan` itself.
+    """
+    found: dict[str, tuple[int, int, int, int]] = {}
+    errors: dict[str, str] = {}
+    scan(os.fspath(top), os.fspath(root), recursive, found, errors)
+    for path, fp in found.items():
+        yield Path(path), Probe(Fingerprint(*fp))
+    for path, error in errors.items():
+        yield Path(path), Probe(None, error)
+
+
+def scan(
+    top: str, root: str, recursive: bool, found: dict[str, tuple[int, int, int, int]], errors: dict[str, str]
+) -> None:
+    """:func:`walk` for the periodic rescan: fill ``found`` (path -> fingerprint tuple) and ``errors``.
+
+    The same rules as :func:`walk` at close to ``find``'s cost: each directory is
+    opened once, its names listed and each ``lstat``-ed relative to the directory's
+    descriptor (no path resolution per file, no ``DirEntry`` per file), and nothing
+    is kept per entry but its path string and fingerprint tuple (equal to a
+    :class:`Fingerprint`). Blocking.
     """
     try:
         st = os.stat(top) if top == root else os.lstat(top)  # a root may be a symlink to its directory
     except OSError:
         return
     if not stat.S_ISDIR(st.st_mode):
-        yield top, probe(top, root)
+        _probe_into(top, root, found, errors)
         return
+    lstat, is_reg, is_dir, is_lnk = os.lstat, stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     stack = [top]
     while stack:
         d = stack.pop()
-        try:
-            it = os.scandir(d)
+        try:  # below the top, never through a symlink swapped in since the lstat
+            fd = os.open(d, flags if d is top and top == root else flags | os.O_NOFOLLOW)
         except OSError:
             continue
-        with it:
-            for entry in it:
-                name = entry.name
+        try:
+            names = os.listdir(fd)
+            prefix = d if d.endswith("/") else d + "/"
+            for name in names:
+                if name.startswith(".."):
+                    continue  # kubelet's bookkeeping, file or directory (is_kubelet_internal)
                 try:
-                    is_dir = entry.is_dir(follow_symlinks=False)
+                    est = lstat(name, dir_fd=fd)
                 except OSError:
                     continue
-                if is_dir:
-                    if recursive and not is_kubelet_internal(name) and not entry.is_symlink():
-                        stack.append(Path(entry.path))
-                    continue
-                if is_kubelet_internal(name):
-                    continue
-                p = Path(entry.path)
-                if entry.is_symlink():
-                    pr = probe(p, root)
-                    if pr.fingerprint is None and pr.error is None:
-                        continue  # dangling, or a link to a directory
-                    yield p, pr
-                    continue
-                try:
-                    est = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISREG(est.st_mode):
-                    yield p, Probe(Fingerprint.from_stat(est))
+                mode = est.st_mode
+                if is_reg(mode):
+                    found[prefix + name] = (est.st_ino, est.st_size, est.st_mtime_ns, est.st_ctime_ns)
+                elif is_dir(mode):
+                    if recursive:
+                        stack.append(prefix + name)
+                elif is_lnk(mode):
+                    _probe_into(prefix + name, root, found, errors)
                 else:
-                    yield p, Probe(None, "not a regular file (FIFO, socket or device); ignored")
+                    errors[prefix + name] = _NOT_REGULAR
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+
+
+def _probe_into(
+    path: str, root: str, found: dict[str, tuple[int, int, int, int]], errors: dict[str, str]
+) -> None:
+    pr = probe(path, root)
+    if pr.fingerprint is not None:
+        found[path] = pr.fingerprint
+    elif pr.error is not None:
+        errors[path] = pr.error
 
 
 class DigestCache:
     """SHA-256 of file contents, cached by fingerprint (bounded, oldest evicted)."""
 
     def __init__(self, max_entries: int = 4096) -> None:
-        self._cache: dict[tuple[Path, Fingerprint], str] = {}
+        self._cache: dict[tuple[str, Fingerprint], str] = {}
         self._max = max_entries
 
-    def digest(self, path: Path, fp: Fingerprint) -> str | None:
+    def digest(self, path: Path | str, fp: Fingerprint) -> str | None:
         """The digest of ``path`` if it still has fingerprint ``fp``; ``None`` if it moved on.
 
         Raises:
             OSError: the file exists but cannot be read (permissions, I/O error).
         """
-        key = (path, fp)
+        key = (os.fspath(path), fp)
         hit = self._cache.get(key)
         if hit is not None:
             return hit

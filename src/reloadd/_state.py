@@ -5,8 +5,14 @@ directory, fsync, rename, fsync of the directory) and an append-only journal
 (``records.journal``, one JSON line per change, fsynced per batch). Loading replays the
 journal over the snapshot and ignores a torn last line, so a crash at any point loses at
 most the batch that had not been fsynced yet — never the file. The journal is folded into
-a new snapshot once it grows past a threshold; the snapshot names the journal generation it
-is followed by, so an old journal is never replayed over a newer snapshot.
+a new snapshot once it holds more lines than both a threshold and the number of records
+(so a growing store is compacted a logarithmic, not a linear, number of times); the
+snapshot names the journal generation it is followed by, so an old journal is never
+replayed over a newer snapshot.
+
+Paths are held as strings (one per record; ``Path`` objects cost several times more and
+hash in Python), and journal lines are encoded by hand in the exact form ``json.dumps``
+gives, so a 100,000-path burst costs neither a ``Path`` nor a ``json.dumps`` per path.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import fcntl
 import json
 import logging
 import os
-from collections.abc import ItemsView, Iterator, Mapping, ValuesView
+from collections.abc import Iterable, Iterator, Mapping, ValuesView
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +37,8 @@ log = logging.getLogger("reloadd.state")
 _VERSION = 1
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` atomically and durably.
+def atomic_write(path: Path, data: bytes | Iterable[bytes], mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` (bytes, or chunks of them) atomically and durably.
 
     Raises:
         StateError: naming the file and the cause (e.g. the disk is full); the previous
@@ -42,7 +48,8 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
         try:
-            _write_all(fd, data)
+            for chunk in (data,) if isinstance(data, bytes) else data:
+                _write_all(fd, chunk)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -68,17 +75,23 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def _encode(rec: PathRecord) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if rec.fingerprint is not None:
-        out["fp"] = rec.fingerprint.to_json()
+_str = json.encoder.encode_basestring_ascii  # what json.dumps uses for a str, in C
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _encode(rec: PathRecord) -> str:
+    """``json.dumps(record_dict, separators=(",", ":"))``, without the generic encoder for the common case."""
+    parts: list[str] = []
+    fp = rec.fingerprint
+    if fp is not None:
+        parts.append(f'"fp":[{fp[0]:d},{fp[1]:d},{fp[2]:d},{fp[3]:d}]')
     if rec.digest is not None:
-        out["digest"] = rec.digest
+        parts.append('"digest":' + _str(rec.digest))
     if rec.data is not None:
-        out["data"] = rec.data
+        parts.append('"data":' + _dumps(rec.data))
     if rec.error is not None:
-        out["error"] = rec.error
-    return out
+        parts.append('"error":' + _str(rec.error))
+    return "{" + ",".join(parts) + "}"
 
 
 def _decode(raw: Mapping[str, Any]) -> PathRecord:
@@ -91,11 +104,28 @@ def _decode(raw: Mapping[str, Any]) -> PathRecord:
     )
 
 
+def _snapshot_chunks(gen: int, records: dict[str, PathRecord], per_chunk: int = 2048) -> Iterator[bytes]:
+    """The snapshot document, encoded a few thousand records at a time (no 100k-entry copy)."""
+    yield f'{{"version":{_VERSION},"gen":{gen},"records":{{'.encode()
+    buf: list[str] = []
+    first = True
+    for key, rec in records.items():
+        buf.append(("" if first else ",") + _str(key) + ":" + _encode(rec))
+        first = False
+        if len(buf) >= per_chunk:
+            yield "".join(buf).encode()
+            buf.clear()
+    buf.append("}}")
+    yield "".join(buf).encode()
+
+
 class RecordStore(Mapping[Path, PathRecord]):
     """The records of one consumer: an in-memory mapping backed by snapshot + journal.
 
-    Mutations (:meth:`put`, :meth:`drop`) are buffered until :meth:`flush`, which the
-    engine calls (in a worker thread) once per finished batch.
+    Keys are looked up by ``Path`` or by ``str`` (held as strings inside); iteration
+    yields ``Path`` objects, as the mapping promises consumers. Mutations (:meth:`put`,
+    :meth:`drop`) are buffered until :meth:`flush`, which the engine calls (in a worker
+    thread) once per finished batch.
 
     Args:
         directory: The consumer's state directory (created 0700); ``None`` keeps the
@@ -108,28 +138,39 @@ class RecordStore(Mapping[Path, PathRecord]):
         self.directory = directory
         self._snapshot = directory / "records.json" if directory is not None else Path()
         self._gen = 0
-        self._records: dict[Path, PathRecord] = {}
+        self._records: dict[str, PathRecord] = {}
         self._buffer: list[str] = []
         self._journal_lines = 0
         self._compact_after = compact_after
 
     # Mapping interface -------------------------------------------------------------
-    def __getitem__(self, key: Path) -> PathRecord:
-        return self._records[key]
+    def __getitem__(self, key: Path | str) -> PathRecord:
+        return self._records[os.fspath(key)]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str | os.PathLike) and os.fspath(key) in self._records
+
+    def get(self, key: Path | str, default: Any = None) -> Any:
+        """The record of ``key``, or ``default``."""
+        return self._records.get(os.fspath(key), default)
 
     def __iter__(self) -> Iterator[Path]:
-        return iter(self._records)
+        return (Path(k) for k in self._records)
 
     def __len__(self) -> int:
         return len(self._records)
 
-    def items(self) -> ItemsView[Path, PathRecord]:
-        """C-speed view of the records (the Mapping mixin goes through ``__getitem__``)."""
-        return self._records.items()
-
     def values(self) -> ValuesView[PathRecord]:
         """C-speed view of the records."""
         return self._records.values()
+
+    @property
+    def by_str(self) -> Mapping[str, PathRecord]:
+        """The live records keyed by path string (the engine's hot paths; never mutate it).
+
+        The same dict object for the store's lifetime, so callers may keep it.
+        """
+        return self._records
 
     def rejected(self) -> int:
         """How many paths are held by a permanent error."""
@@ -171,7 +212,8 @@ class RecordStore(Mapping[Path, PathRecord]):
                 os.truncate(self._journal, good_end)  # the next append must not glue onto a torn line
             except OSError as exc:
                 raise StateError(f"Failed to read {self._journal}: {exc.strerror}") from exc
-        self._records = records
+        self._records.clear()  # in place: by_str stays the live mapping
+        self._records.update(records)
         self._journal_lines = lines
 
     def _read_gen(self) -> int:
@@ -180,9 +222,9 @@ class RecordStore(Mapping[Path, PathRecord]):
         except (OSError, ValueError, AttributeError, TypeError):
             return 0
 
-    def _read(self) -> tuple[dict[Path, PathRecord], int, int | None]:
+    def _read(self) -> tuple[dict[str, PathRecord], int, int | None]:
         """Snapshot plus journal: the records, the journal's line count, and where its good part ends."""
-        records: dict[Path, PathRecord] = {}
+        records: dict[str, PathRecord] = {}
         self._gen = 0
         try:
             raw = json.loads(self._snapshot.read_bytes())
@@ -190,7 +232,7 @@ class RecordStore(Mapping[Path, PathRecord]):
                 raise StateError(f"{self._snapshot}: unsupported state version {raw.get('version')!r}")
             self._gen = int(raw.get("gen", 0))
             for p, r in raw.get("records", {}).items():
-                records[Path(p)] = _decode(r)
+                records[p] = _decode(r)
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -207,7 +249,9 @@ class RecordStore(Mapping[Path, PathRecord]):
                         if not line.endswith(b"\n"):
                             raise ValueError("no newline")
                         op = json.loads(line)
-                        path = Path(op["p"])
+                        path = op["p"]
+                        if not isinstance(path, str):
+                            raise TypeError("path is not a string")
                     except (ValueError, KeyError, TypeError):
                         log.warning("Ignoring torn line %d of %s", lines, self._journal)
                         continue
@@ -222,16 +266,18 @@ class RecordStore(Mapping[Path, PathRecord]):
             raise StateError(f"Failed to read {self._journal}: {exc.strerror}") from exc
         return records, lines, good_end
 
-    def put(self, path: Path, record: PathRecord) -> None:
+    def put(self, path: Path | str, record: PathRecord) -> None:
         """Set the record of ``path`` (buffered until :meth:`flush`)."""
-        self._records[path] = record
+        key = os.fspath(path)
+        self._records[key] = record
         if self.directory is not None:
-            self._buffer.append(json.dumps({"p": str(path), "r": _encode(record)}, separators=(",", ":")))
+            self._buffer.append('{"p":' + _str(key) + ',"r":' + _encode(record) + "}")
 
-    def drop(self, path: Path) -> None:
+    def drop(self, path: Path | str) -> None:
         """Forget ``path`` (buffered until :meth:`flush`)."""
-        if self._records.pop(path, None) is not None and self.directory is not None:
-            self._buffer.append(json.dumps({"p": str(path), "del": True}, separators=(",", ":")))
+        key = os.fspath(path)
+        if self._records.pop(key, None) is not None and self.directory is not None:
+            self._buffer.append('{"p":' + _str(key) + ',"del":true}')
 
     @property
     def dirty(self) -> bool:
@@ -244,8 +290,8 @@ class RecordStore(Mapping[Path, PathRecord]):
             return None
         lines, self._buffer = self._buffer, []
         snapshot = None
-        if self._journal_lines + len(lines) > self._compact_after:
-            snapshot = {str(p): _encode(r) for p, r in self._records.items()}
+        if self._journal_lines + len(lines) > max(self._compact_after, len(self._records)):
+            snapshot = dict(self._records)  # values are immutable: a shallow copy, encoded by write()
         return FlushJob(lines, snapshot)
 
     def failed(self, job: FlushJob) -> None:
@@ -295,12 +341,11 @@ class RecordStore(Mapping[Path, PathRecord]):
         self._buffer.clear()
         if self.directory is None:
             return
-        self._compact({str(p): _encode(r) for p, r in self._records.items()})
+        self._compact(self._records)
 
-    def _compact(self, records: dict[str, Any]) -> None:
+    def _compact(self, records: dict[str, PathRecord]) -> None:
         old = self._journal
-        doc = {"version": _VERSION, "gen": self._gen + 1, "records": records}
-        atomic_write(self._snapshot, json.dumps(doc, separators=(",", ":")).encode())
+        atomic_write(self._snapshot, _snapshot_chunks(self._gen + 1, records))
         self._gen += 1
         with contextlib.suppress(OSError):
             os.unlink(old)
@@ -312,7 +357,7 @@ class FlushJob:
     """Mutations detached from the buffer; ``snapshot`` set when this flush compacts."""
 
     lines: list[str]
-    snapshot: dict[str, Any] | None = None
+    snapshot: dict[str, PathRecord] | None = None
 
 
 def lock_state_dir(state_dir: Path) -> int:

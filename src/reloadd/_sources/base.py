@@ -45,10 +45,14 @@ class EventKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SourceEvent:
-    """One report from a source."""
+    """One report from a source.
+
+    ``path`` may be given as a string (absolute, normalised, as ``str(Path)`` gives it):
+    the inotify source does so for file events, to build no ``Path`` per event.
+    """
 
     kind: EventKind
-    path: Path | None = None
+    path: Path | str | None = None
     source: str = ""
 
 

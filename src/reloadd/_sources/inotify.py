@@ -11,7 +11,10 @@ What the peers get wrong and this gets right (see shared notes, watchers-and-rel
   ``UNMOUNT`` on a root or an ancestor mean "re-arm and rescan now", never silence.
 - Every ``rescan_interval`` the watched anchors are checked against the inodes they were
   armed on, so a parent moved away without an event reaching us is noticed.
-- The read batch is raised from asyncinotify's 10 events to 1024.
+- Events are read in 256 KiB gulps and parsed here, straight into path strings and plain
+  ints (asyncinotify's reader builds a ``Path``, an ``IntFlag`` and a weak reference per
+  event, too slow to drain a 100,000-file burst before the kernel queue overflows);
+  asyncinotify still arms and removes the watches.
 - ``ENOSPC`` (watch limit) keeps the watches already armed, reports rescan-only mode once
   naming the sysctl, and retries the missing ones at the next check instead of spinning;
   ``EMFILE`` (instance limit) becomes :class:`WatchLimitError`.
@@ -24,10 +27,11 @@ import contextlib
 import errno
 import os
 import stat
+import struct
 import time
 from pathlib import Path
 
-from asyncinotify import Event, Inotify, Mask, Watch
+from asyncinotify import Inotify, Mask, Watch
 
 from .._errors import WatchError, WatchLimitError
 from .._filters import is_kubelet_internal, under
@@ -48,7 +52,8 @@ _MASK = (
     | Mask.ONLYDIR
     | Mask.EXCL_UNLINK
 )
-_READ_BATCH = 1024
+_READ_BYTES = 256 * 1024
+_HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
 # Plain ints for the per-event hot path: IntFlag membership tests cost ~15x more.
 _OVERFLOW = int(Mask.Q_OVERFLOW)
 _IGNORED = int(Mask.IGNORED)
@@ -59,6 +64,7 @@ _DONE = int(Mask.CLOSE_WRITE | Mask.MOVED_TO)
 _GONE = int(Mask.DELETE | Mask.MOVED_FROM)
 _MODIFY = int(Mask.MODIFY)
 _CREATE = int(Mask.CREATE)
+_SPECIAL = _OVERFLOW | _IGNORED | _SELF | _ISDIR
 
 
 def _limit_error(exc: OSError, path: Path) -> WatchError:
@@ -108,13 +114,17 @@ class InotifySource:
         self.log = ctx.logger
         self._ino: Inotify | None = None
         self._by_path: dict[Path, tuple[Watch, int]] = {}  # path -> (watch, inode armed on)
+        self._by_wd: dict[int, tuple[Watch, str]] = {}  # wd -> (watch, its path + "/") until IGNORED
         self._removed: set[int] = set()
         self._waiting: dict[Path, Path] = {}  # missing root -> ancestor watched for it
         self._limited: str | None = None
         self._limit_logged = False
         self._roots = {r.path: r for r in ctx.roots}
+        self._root_strs = {str(r.path): r for r in ctx.roots}
         self._overflows = 0
         self._overflow_logged = -float("inf")
+        self._recovery: asyncio.Task[None] | None = None
+        self._recover_again = False
 
     @property
     def watch_count(self) -> int:
@@ -124,23 +134,47 @@ class InotifySource:
     async def run(self) -> None:
         """Arm every root and translate events until cancelled."""
         try:
-            ino = Inotify(cache_size=_READ_BATCH)
+            ino = Inotify()
         except OSError as exc:
             raise _limit_error(exc, Path("/")) from exc
         self._ino = ino
         checker: asyncio.Task[None] | None = None
+        loop = asyncio.get_running_loop()
+        readable = asyncio.Event()
+        fd = ino.fd
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, readable.set)
         try:
             await self._arm_all()
             checker = asyncio.create_task(self._check_loop(), name="reloadd-inotify-check")
-            async for event in ino:
-                await self._handle(event)
+            while True:
+                await readable.wait()
+                readable.clear()
+                try:
+                    data = os.read(fd, _READ_BYTES)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    raise WatchError(f"Failed to read inotify events: {exc.strerror or exc}") from exc
+                await self._handle_buffer(data)
+                done = self._recovery
+                if done is not None and done.done():
+                    self._recovery = None
+                    done.result()  # a re-arm that failed (e.g. the instance limit) fails the source
         finally:
+            loop.remove_reader(fd)
+            if self._recovery is not None:
+                self._recovery.cancel()
+                with contextlib.suppress(asyncio.CancelledError, WatchError):
+                    await self._recovery
+                self._recovery = None
             if checker is not None:
                 checker.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await checker
             self._ino = None
             self._by_path.clear()
+            self._by_wd.clear()
             self._removed.clear()
             self._waiting.clear()
             ino.close()
@@ -183,6 +217,8 @@ class InotifySource:
             raise err from exc
         self._removed.discard(watch.wd)
         self._by_path[path] = (watch, ino)
+        prefix = str(watch.path)
+        self._by_wd[watch.wd] = (watch, prefix if prefix.endswith("/") else prefix + "/")
         return True
 
     async def _arm_tree(self, top: Path) -> None:
@@ -246,7 +282,7 @@ class InotifySource:
         return False
 
     # Events ----------------------------------------------------------------------
-    def _emit(self, kind: EventKind, path: Path | None) -> None:
+    def _emit(self, kind: EventKind, path: Path | str | None) -> None:
         self.ctx.emit(SourceEvent(kind, path, self.name))
 
     def _root_for(self, path: Path) -> WatchRoot | None:
@@ -262,8 +298,71 @@ class InotifySource:
                 self._emit(EventKind.SUBTREE, root.path)
         self._report()
 
-    async def _handle(self, ev: Event) -> None:
-        mask = int(ev.mask)
+    def _recover(self) -> None:
+        """Events were lost: re-arm every root (directories made meanwhile are unwatched), then rescan.
+
+        Runs beside the reader, not in it: a reader waiting for the re-arm lets the
+        kernel queue overflow again, and a burst turns into a chain of overflows. Lost
+        events arriving while one recovery runs make it go round once more.
+        """
+        if self._recovery is not None and not self._recovery.done():
+            self._recover_again = True
+            return
+        self._recovery = asyncio.get_running_loop().create_task(self._recovery_run(), name="reloadd-inotify-rearm")
+
+    async def _recovery_run(self) -> None:
+        again = True
+        while again:
+            self._recover_again = False
+            await self._arm_all()
+            self._emit(EventKind.RESCAN, None)
+            again = self._recover_again
+
+    async def _handle_buffer(self, data: bytes) -> None:
+        """Parse one read of ``struct inotify_event`` records and act on each, in order."""
+        unpack, size, end, off = _HEADER.unpack_from, _HEADER.size, len(data), 0
+        while off + size <= end:
+            wd, mask, _cookie, length = unpack(data, off)
+            off += size
+            raw = data[off:off + length]
+            off += length
+            name = os.fsdecode(raw.rstrip(b"\0")) if length else ""
+            held = self._by_wd.get(wd)
+            if mask & _IGNORED and held is not None:
+                del self._by_wd[wd]  # the kernel forgot the wd: it may be handed out again
+                self._forget(wd)
+            if mask & _SPECIAL or held is None or not name:
+                await self._handle(wd, held[0] if held is not None else None, mask, name)
+                continue
+            # The hot path: an event about a file in a watched directory.
+            path = held[1] + name
+            if name.startswith(".."):
+                if name.startswith("..data"):
+                    self._emit(EventKind.SUBTREE, held[0].path)  # a ConfigMap swap changes every key
+                continue
+            if mask & _STRUCTURAL and (self._waiting or path in self._root_strs):
+                await self._handle(wd, held[0], mask, name)
+                continue
+            self._emit_file(mask, path)
+
+    def _forget(self, wd: int) -> None:
+        """Drop asyncinotify's own reference to a watch the kernel removed (its reader would have)."""
+        watches = getattr(self._ino, "_watches", None)
+        if isinstance(watches, dict):
+            watches.pop(wd, None)
+
+    def _emit_file(self, mask: int, path: str) -> None:
+        if mask & _DONE:
+            self._emit(EventKind.WRITTEN, path)
+        elif mask & _GONE:
+            self._emit(EventKind.GONE, path)
+        elif mask & _MODIFY or (mask & _CREATE and _fresh_file(path)):
+            self._emit(EventKind.WRITING, path)
+        else:
+            self._emit(EventKind.TOUCHED, path)
+
+    async def _handle(self, wd: int, watch: Watch | None, mask: int, name: str) -> None:
+        """Everything but the plain file event: overflows, lost watches, directories, roots."""
         if mask & _OVERFLOW:
             self._overflows += 1
             now = time.monotonic()
@@ -274,14 +373,11 @@ class InotifySource:
                     "re-arming and rescanning every root, nothing is lost", self._overflows,
                 )
                 self._overflows = 0
-            await self._arm_all()  # directories created during the overflow are unwatched
-            self._emit(EventKind.RESCAN, None)
+            self._recover()
             return
-        watch = ev.watch
         if mask & _IGNORED:
-            if watch is None or watch.wd in self._removed:
-                if watch is not None:
-                    self._removed.discard(watch.wd)
+            if watch is None or wd in self._removed:
+                self._removed.discard(wd)
                 return
             gone = watch.path  # the kernel dropped a watch: its directory went away
             held = self._by_path.get(gone)
@@ -290,22 +386,20 @@ class InotifySource:
             if any(under(r.path, gone) or r.path.parent == gone for r in self.ctx.roots):
                 await self._rearm_roots_near(gone)
             return
-        path = ev.path
-        if path is None or watch is None:
-            await self._arm_all()
-            self._emit(EventKind.RESCAN, None)  # an event we cannot place: look everywhere
+        if watch is None:
+            self._recover()  # an event we cannot place: look everywhere
             return
+        path = watch.path / name if name else watch.path
         if mask & _SELF:
-            if ev.name is None and any(under(r.path, path) for r in self.ctx.roots):
+            if not name and any(under(r.path, path) for r in self.ctx.roots):
                 await self._rearm_roots_near(path)
             return
-        name = ev.name.name if ev.name is not None else ""
         if is_kubelet_internal(name):
             if name.startswith("..data"):
                 self._emit(EventKind.SUBTREE, watch.path)  # a ConfigMap swap changes every key
             return
         if mask & _ISDIR:
-            await self._dir_event(path, ev.mask)
+            await self._dir_event(path, mask)
             return
         if mask & _STRUCTURAL:
             if self._waiting:
@@ -314,14 +408,7 @@ class InotifySource:
             if root is not None and (path.is_dir() or path in self._by_path):
                 await self._rearm_roots_near(path)  # a root symlink retargeted, or replaced
                 return
-        if mask & _DONE:
-            self._emit(EventKind.WRITTEN, path)
-        elif mask & _GONE:
-            self._emit(EventKind.GONE, path)
-        elif mask & _MODIFY or (mask & _CREATE and _fresh_file(path)):
-            self._emit(EventKind.WRITING, path)
-        else:
-            self._emit(EventKind.TOUCHED, path)
+        self._emit_file(mask, str(path))
 
     async def _maybe_waiting(self, path: Path) -> None:
         """A component of a root that did not exist appeared: arm that root again."""
@@ -334,7 +421,7 @@ class InotifySource:
                         self.log.warning("Root %s appeared; watching it", root_path)
                     self._emit(EventKind.SUBTREE, root_path)
 
-    async def _dir_event(self, path: Path, mask: Mask) -> None:
+    async def _dir_event(self, path: Path, mask: int) -> None:
         if mask & (Mask.CREATE | Mask.MOVED_TO):
             await self._maybe_waiting(path)
             root = self._root_for(path)
@@ -356,7 +443,7 @@ class InotifySource:
                 self._emit(EventKind.SUBTREE, path)
 
 
-def _fresh_file(path: Path) -> bool:
+def _fresh_file(path: Path | str) -> bool:
     """A just-created empty regular file: its writer has it open (hold it until CLOSE_WRITE).
 
     Symlinks, hard links (``ln``), FIFOs and device nodes are created complete.
