@@ -3,8 +3,8 @@
     python -m examples.tls_reloader --cert /etc/demo/tls.crt --key /etc/demo/tls.key --port 8443
     openssl s_client -connect 127.0.0.1:8443 </dev/null 2>/dev/null | openssl x509 -noout -fingerprint -sha256
 
-The aiohttp server (like ``asyncio.start_server`` under it) is given one SSLContext for its whole life, so that context only
-routes: its SNI callback (called by OpenSSL for every ClientHello, with or without SNI)
+The aiohttp server (``asyncio`` under it) is given one SSLContext for its whole life, so
+that context only routes: its SNI callback (called by OpenSSL for every ClientHello, with or without SNI)
 switches each new connection to the context of the pair being served now. Connections
 already established keep the pair they started with.
 
