@@ -204,6 +204,8 @@ async def test_rotations_in_both_orders_never_break_a_handshake(tmp_path: Path) 
     assert order == sorted(order), f"an older pair came back: {order}; {why}"
     assert set(order) == set(range(len(ids))), (order, why)
     assert len(order) > 4 * len(plan), f"the prober barely ran ({len(order)} handshakes); {why}"
+    swaps = [line for line in log.read_text().splitlines() if "tls_reloader: Serving " in line]
+    assert len(swaps) == 1 + len(plan), (swaps, why)  # the first pair, then one reload per rotation
 
 
 async def test_a_mismatched_pair_at_start_is_refused(tmp_path: Path) -> None:
