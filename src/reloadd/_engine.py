@@ -15,6 +15,7 @@ hand-over, for the consumer.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
@@ -159,7 +160,7 @@ class Engine:
         """Whether a path of ``consumer`` for which ``paths`` is true is still settling."""
         if not self.holds(consumer):
             return False
-        return any(k[0] == consumer and paths(Path(k[1])) for k in (*self.agg.keys(), *self._in_hand))
+        return any(k[0] == consumer and paths(Path(k[1])) for k in itertools.chain(self.agg.keys(), self._in_hand))
 
     # The pump --------------------------------------------------------------------
     async def pump(self) -> None:

@@ -173,10 +173,7 @@ class WorkQueue:
         self._on_change = on_change
         self._clock = clock
         self._items: dict[str, Item] = {}
-        self._inflight: set[str] = set()
-        self._inflight_fps: dict[str, Fingerprint | None] = {}
-        self._inflight_groups: dict[str, str] = {}
-        self._inflight_failing: dict[str, Item] = {}  # retries in progress: still failing until they succeed
+        self._inflight: dict[str, Item] = {}  # a retry in flight keeps its last_error: still failing
         self._tasks: set[asyncio.Task[None]] = set()
         self._wakeup = asyncio.Event()
         self._flush_lock = asyncio.Lock()
@@ -206,7 +203,7 @@ class WorkQueue:
         A path that failed does not count, in backoff or while being retried: its failure
         must not hold other consumers back indefinitely.
         """
-        if any(p not in self._inflight_failing for p in self._inflight):
+        if any(i.last_error is None for i in self._inflight.values()):
             return True
         return any(i.last_error is None and i.deferred is None for i in self._items.values())
 
@@ -224,14 +221,8 @@ class WorkQueue:
         item = self._items.get(key)
         if item is not None:
             return item.fingerprint
-        return self._inflight_fps.get(key, default)
-
-    def queued_fingerprints(self) -> dict[str, Fingerprint | None]:
-        """What is queued or in flight per path (a copy, for the reconcile thread)."""
-        out = {p: i.fingerprint for p, i in self._items.items()}
-        for p, fp in self._inflight_fps.items():
-            out.setdefault(p, fp)
-        return out
+        inflight = self._inflight.get(key)
+        return inflight.fingerprint if inflight is not None else default
 
     def counts(self) -> QueueCounts:
         """Waiting, in-flight, retrying and never-tried paths, and rejected records (cheap)."""
@@ -242,7 +233,7 @@ class WorkQueue:
 
     def _failing(self) -> dict[str, Item]:
         """Paths whose last attempt failed: waiting in backoff, or being retried right now."""
-        out = dict(self._inflight_failing)
+        out = {p: i for p, i in self._inflight.items() if i.last_error is not None}
         out.update((p, i) for p, i in self._items.items() if i.last_error is not None)
         return out
 
@@ -323,7 +314,7 @@ class WorkQueue:
 
     def _group_held(self, group: str) -> bool:
         """A path of ``group`` is in flight, or still settling: its queued mates wait."""
-        return group in self._inflight_groups.values() or self._group_settling(group)
+        return any(i.group == group for i in self._inflight.values()) or self._group_settling(group)
 
     async def run(self) -> None:
         """Dispatch batches until cancelled."""
@@ -382,12 +373,7 @@ class WorkQueue:
                 return None if next_due is None else max(0.0, next_due - now)
             for item in ready:
                 del self._items[item.key]
-                self._inflight.add(item.key)
-                self._inflight_fps[item.key] = item.fingerprint
-                if item.group is not None:
-                    self._inflight_groups[item.key] = item.group
-                if item.last_error is not None:
-                    self._inflight_failing[item.key] = item
+                self._inflight[item.key] = item
             task = asyncio.create_task(self._run_batch(ready), name=f"reloadd-batch-{self.consumer.name}")
             self._tasks.add(task)
             task.add_done_callback(self._batch_done)
@@ -428,10 +414,7 @@ class WorkQueue:
                     results = await self._one_by_one(batch, exc)
         except asyncio.CancelledError:
             for item in items:  # abandoned, not lost: still unacknowledged on disk
-                self._inflight.discard(item.key)
-                self._inflight_fps.pop(item.key, None)
-                self._inflight_groups.pop(item.key, None)
-                self._inflight_failing.pop(item.key, None)
+                self._inflight.pop(item.key, None)
                 self._items.setdefault(item.key, item)
             raise
         self.stats.batches += 1
@@ -441,10 +424,7 @@ class WorkQueue:
             await self.flush()  # still in flight until the acknowledgement is durable
         finally:
             for item in items:
-                self._inflight.discard(item.key)
-                self._inflight_fps.pop(item.key, None)
-                self._inflight_groups.pop(item.key, None)
-                self._inflight_failing.pop(item.key, None)
+                self._inflight.pop(item.key, None)
 
     async def _handle(self, batch: Batch) -> Mapping[Path, Result]:
         results = await self.consumer.handle(batch)
