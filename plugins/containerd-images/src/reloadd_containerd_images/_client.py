@@ -18,10 +18,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from google.protobuf import empty_pb2, field_mask_pb2
-from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
+from ._channel import coalescing_channel
 from ._errors import BadImageFile, is_status, map_grpc_error
 from ._proto.containerd.services.content.v1 import content_grpc
 from ._proto.containerd.services.content.v1 import content_pb2 as cpb
@@ -103,7 +103,7 @@ class ContainerdClient:
         self.address = address
         self.namespace = namespace
         self.timeout = timeout
-        self.channel = Channel(path=address)
+        self.channel = coalescing_channel(address)
         self.content = content_grpc.ContentStub(self.channel)
         self.images = images_grpc.ImagesStub(self.channel)
         self.leases = leases_grpc.LeasesStub(self.channel)
