@@ -170,6 +170,7 @@ class WorkQueue:
         self.concurrency = max(1, concurrency)
         self.max_batch = max_batch
         self._delay = _backoff(backoff_initial, backoff_max)
+        self._backoff_max = backoff_max
         self._on_change = on_change
         self._clock = clock
         self._items: dict[str, Item] = {}
@@ -402,7 +403,20 @@ class WorkQueue:
     async def _run_batch(self, items: list[Item]) -> None:
         changes = tuple(self._change_of(i) for i in items)
         reason = Reason.SIGNAL if any(i.forced for i in items) else items[0].reason
-        batch = Batch(self.consumer.name, reason, changes)
+        by_path = {c.path: (i, c) for i, c in zip(items, changes, strict=True)}
+        settled: set[str] = set()  # reported early: recorded, released on their own
+        releases: list[asyncio.Task[None]] = []
+
+        def report(path: Path, result: Result) -> None:
+            entry = by_path.get(path)
+            if entry is None or entry[0].key in settled:
+                return
+            item, change = entry
+            settled.add(item.key)
+            self._apply(item, change, result)
+            releases.append(asyncio.get_running_loop().create_task(self._release(item)))
+
+        batch = Batch(self.consumer.name, reason, changes, reporter=report)
         results: Mapping[Path, Result]
         try:
             try:
@@ -411,20 +425,35 @@ class WorkQueue:
                 if len(items) == 1:
                     results = {changes[0].path: self._map_error(exc, changes[0].path)}
                 else:
-                    results = await self._one_by_one(batch, exc)
+                    rest = tuple(c for c in changes if str(c.path) not in settled)
+                    results = await self._one_by_one(replace(batch, changes=rest), exc) if rest else {}
         except asyncio.CancelledError:
             for item in items:  # abandoned, not lost: still unacknowledged on disk
-                self._inflight.pop(item.key, None)
-                self._items.setdefault(item.key, item)
+                if item.key not in settled:
+                    self._inflight.pop(item.key, None)
+                    self._items.setdefault(item.key, item)
             raise
         self.stats.batches += 1
         try:
             for item, change in zip(items, changes, strict=True):
-                self._apply(item, change, results.get(change.path))
+                if item.key not in settled:
+                    self._apply(item, change, results.get(change.path))
             await self.flush()  # still in flight until the acknowledgement is durable
         finally:
             for item in items:
-                self._inflight.pop(item.key, None)
+                if item.key not in settled:
+                    self._inflight.pop(item.key, None)
+            if releases:
+                await asyncio.gather(*releases, return_exceptions=True)
+
+    async def _release(self, item: Item) -> None:
+        """A path reported early: free once its acknowledgement is durable; its next change may go."""
+        try:
+            await self.flush()
+        finally:
+            self._inflight.pop(item.key, None)
+            self._wakeup.set()
+            self._on_change()
 
     async def _handle(self, batch: Batch) -> Mapping[Path, Result]:
         results = await self.consumer.handle(batch)
@@ -486,7 +515,7 @@ class WorkQueue:
                 self.records.put(path, PathRecord(item.fingerprint, item.digest, result.data, None))
         elif isinstance(result, Reject):
             self.stats.rejected += 1
-            log.warning("Failed to handle %s in consumer %s (rejected until it changes): %s",
+            log.warning("Failed to handle %s in consumer %s (rejected until it changes or a SIGHUP): %s",
                         path, self.consumer.name, result.error)
             if change.kind is ChangeKind.DELETED:
                 self.records.drop(path)
@@ -503,7 +532,11 @@ class WorkQueue:
                 item.deferred = None
             else:
                 item.deferred = result.error
-            delay = self._delay(max(1, item.attempts)) if result.after is None else max(0.0, result.after)
+            # A server's Retry-After counts, but never beyond the backoff cap (an hour's Retry-After is a bug).
+            if result.after is None:
+                delay = self._delay(max(1, item.attempts))
+            else:
+                delay = min(self._backoff_max, max(0.0, result.after))
             item.not_before = self._clock() + delay
             if result.failure:
                 log.warning(

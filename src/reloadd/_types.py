@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypeAlias
 
@@ -115,11 +115,25 @@ class Batch:
     consumer: str
     reason: Reason
     changes: tuple[Change, ...]
+    reporter: Callable[[Path, Result], None] | None = field(default=None, repr=False, compare=False)
+    """Set by the engine; consumers call :meth:`report`, not this."""
 
     @property
     def paths(self) -> tuple[Path, ...]:
         """The paths of the changes, in batch order."""
         return tuple(c.path for c in self.changes)
+
+    def report(self, path: Path, result: Result) -> None:
+        """Settle one path before :meth:`Consumer.handle` returns.
+
+        The result takes effect at once, as if ``handle()`` had returned it: an :class:`Ack` is
+        recorded, and the path is free again, so a newer change to it is handed over in another
+        batch while this one goes on (a slow file then delays no other file of its batch). The
+        mapping ``handle()`` returns may leave the path out or repeat it; the first result
+        stands. Paths not in this batch, and batches made outside the engine, ignore it.
+        """
+        if self.reporter is not None:
+            self.reporter(path, result)
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,3 +121,68 @@ async def test_concurrency_limit(tmp_path, recorder_cls, start_reloader):
         (root / f"f{i}").write_text(str(i))
     await rec.wait_for(lambda x: len(x.changes) == 6)
     assert peak == 2
+
+
+async def test_path_reported_early_is_free_while_its_batch_goes_on(tmp_path, start_reloader):
+    """``batch.report()`` settles a path at once: its next change goes while a slow path holds the batch."""
+    from reloadd import BaseConsumer, ConsumerContext
+
+    root = tmp_path / "root"
+    root.mkdir()
+    release = asyncio.Event()
+    seen: list[tuple[str, str]] = []
+
+    class Reporting(BaseConsumer):
+        concurrency = 2
+
+        async def handle(self, batch):
+            slow = []
+            for c in batch.changes:
+                seen.append((c.path.name, c.path.read_text()))
+                if c.path.name == "slow.conf":
+                    slow.append(c.path)
+                else:
+                    batch.report(c.path, Ack({"v": c.path.read_text()}))
+            if slow:
+                await release.wait()
+            return {p: Ack() for p in slow}
+
+    consumer = Reporting(ConsumerContext(name="rep", paths=(root,), options={}, state_dir=tmp_path / "unused"))
+    r = await start_reloader(consumer)
+    (root / "slow.conf").write_text("s")
+    (root / "fast.conf").write_text("1")
+    for _ in range(200):
+        if ("fast.conf", "1") in seen and ("slow.conf", "s") in seen:
+            break
+        await asyncio.sleep(0.02)
+    assert ("fast.conf", "1") in seen and ("slow.conf", "s") in seen
+    (root / "fast.conf").write_text("2")  # while slow.conf still holds the batch both came in
+    for _ in range(200):
+        if ("fast.conf", "2") in seen:
+            break
+        await asyncio.sleep(0.02)
+    assert ("fast.conf", "2") in seen, f"fast.conf's edit waited for the slow path: {seen}"
+    for _ in range(200):  # its acknowledgement is being written
+        if r.status()["consumers"]["rep"]["in_flight"] == [str(root / "slow.conf")]:
+            break
+        await asyncio.sleep(0.02)
+    assert r.status()["consumers"]["rep"]["in_flight"] == [str(root / "slow.conf")]
+    assert r.engine.slots["rep"].records.get(root / "fast.conf").data == {"v": "2"}
+    release.set()
+    await r.wait_idle(10)
+    assert [s for s in seen if s[0] == "fast.conf"] == [("fast.conf", "1"), ("fast.conf", "2")]
+
+
+async def test_retry_after_is_capped_by_the_backoff_maximum(tmp_path, recorder_cls, start_reloader):
+    root = tmp_path / "root"
+    root.mkdir()
+    rec = recorder_cls([root])
+    answers = iter([Retry("overloaded", after=3600.0)])
+    rec.results = lambda c: next(answers, None)
+    r = await start_reloader(rec)
+    for q in r.engine.slots.values():
+        q.queue._backoff_max = 0.3
+    (root / "a.conf").write_text("a")
+    await rec.wait_path(root / "a.conf", 2, timeout=5)  # not an hour later
+    await r.wait_idle(10)
+    assert r.status()["consumers"]["rec"]["failing"] == []

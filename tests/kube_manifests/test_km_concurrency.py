@@ -58,14 +58,21 @@ async def test_a_file_stuck_in_retries_does_not_delay_another_files_edit(
     try:
         async with reloadd.Reloader(cfg) as r:
             await eventually(lambda: (kube.get(path) or {}).get("data") == {"v": "1"}, "the first apply")
+            # Both files came in the start-up batch, which is still waiting for the stuck CRD.
+            assert str(stuck) in r.status()["consumers"]["manifests"]["in_flight"]
+            started = time.monotonic()
+            write_atomic(ok, [cm("edited", namespace, v="2")])
+            await eventually(lambda: kube.get(path)["data"] == {"v": "2"}, "the edit", timeout=30)
+            took = time.monotonic() - started
+            assert took < 1.0, f"the edit took {took:.2f}s behind the slow file of its batch"
 
             def stuck_alone_in_flight() -> bool:
                 return bool(r.status()["consumers"]["manifests"]["in_flight"] == [str(stuck)])
 
             await eventually(stuck_alone_in_flight, "the stuck file's retry to start")
             started = time.monotonic()
-            write_atomic(ok, [cm("edited", namespace, v="2")])
-            await eventually(lambda: kube.get(path)["data"] == {"v": "2"}, "the edit", timeout=30)
+            write_atomic(ok, [cm("edited", namespace, v="3")])
+            await eventually(lambda: kube.get(path)["data"] == {"v": "3"}, "the second edit", timeout=30)
             took = time.monotonic() - started
             unresolved = r.status()["consumers"]["manifests"]
             # still being retried: in flight, in backoff, or queued again (a change seen while in flight)

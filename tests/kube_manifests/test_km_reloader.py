@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import time
@@ -74,3 +75,31 @@ async def test_files_applied_pruned_and_drift_restored_on_sighup(kube: KubeClust
         (manifests / "renamed.yaml").unlink()
         await eventually(lambda: kube.get(path_a) is None, "e2e-a deleted with its file")
         await r.wait_idle(30)
+
+
+async def test_an_expected_failure_is_one_warning_line(
+    kube: KubeCluster, tmp_path: Path, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file the server refuses is one WARNING line naming the file, its cause and how it is retried."""
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    bad = manifests / "bad.yaml"
+    bad_cm = cm("e2e-bad", namespace)
+    bad_cm["data"] = {"not a valid key!": "x"}  # the server refuses it: a Reject, not a retry
+    write_atomic(bad, [bad_cm])
+    cfg = reloadd.parse_config({
+        "reloadd": {"state_dir": str(tmp_path / "state"), "quiet": "50ms"},
+        "consumer": [{
+            "name": "manifests", "plugin": "kube-manifests", "paths": [str(manifests)],
+            "options": {"kubeconfig": str(kube.kubeconfig)},
+        }],
+    })
+    caplog.set_level(logging.DEBUG, logger="reloadd")
+    async with reloadd.Reloader(cfg) as r:
+        await r.wait_idle(60)
+        assert r.status()["consumers"]["manifests"]["rejected"], "the bad file was not refused"
+    lines = [rec for rec in caplog.records if rec.levelno >= logging.WARNING and str(bad) in rec.getMessage()]
+    assert len(lines) == 1, [rec.getMessage() for rec in lines]
+    text = lines[0].getMessage()
+    assert "e2e-bad" in text and "SIGHUP" in text, text
+    assert lines[0].exc_info is None

@@ -143,7 +143,12 @@ class ContainerdImagesConsumer(BaseConsumer):
 
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
         """Import, pull or release each path of the batch (up to ``concurrency`` at once)."""
-        results = await asyncio.gather(*(self._one(c) for c in batch.changes))
+        async def settle(change: Change) -> Result:
+            result = await self._one(change)
+            batch.report(change.path, result)  # done: a slow import of this batch delays no other file
+            return result
+
+        results = await asyncio.gather(*(settle(c) for c in batch.changes))
         return dict(zip(batch.paths, results, strict=True))
 
     async def _one(self, change: Change) -> Result:
@@ -154,10 +159,10 @@ class ContainerdImagesConsumer(BaseConsumer):
                 return await self._changed(change)
             except PermanentError as exc:
                 self.stats["import_failures"] += 1
-                self.log.error("Failed to import %s: %s", change.path, exc)
+                self.log.debug("Failed to import %s", change.path, exc_info=True)  # the engine logs the Reject
                 return Reject(f"{change.path}: {exc}", data=self._previous(change.path))
             except TransientError as exc:
-                self.log.warning("Failed to handle %s (will retry): %s", change.path, exc)
+                self.log.debug("Failed to handle %s", change.path, exc_info=True)  # the engine logs the Retry
                 return Retry(f"{change.path}: {exc}")
             except Exception as exc:  # a failure nobody mapped: retry this path, keep the others going
                 self.log.exception("Failed to handle %s: %s", change.path, exc)
@@ -168,7 +173,7 @@ class ContainerdImagesConsumer(BaseConsumer):
         path = change.path
         outside = self._outside_roots(path, change.root)
         if outside:
-            self.log.error("Failed to import %s: %s", path, outside)
+            self.log.debug("Failed to import %s: %s", path, outside)  # the engine logs the Reject
             return Reject(f"{path}: {outside}", data=self._previous(path))
         if path.name.lower().endswith(".txt"):
             return await self._list(path)

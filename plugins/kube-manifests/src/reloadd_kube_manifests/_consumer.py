@@ -59,8 +59,6 @@ __all__ = ["KubeManifestsConsumer"]
 SUFFIXES = frozenset({".yaml", ".yml", ".json"})
 SKIP_SUFFIX = ".skip"
 _VERSION = "0.1.0"
-_FILES_AT_ONCE = 4
-
 
 _EVENT_AFTER_RETRIES = 3
 """Consecutive transient results of a file before a Warning Event is recorded for it."""
@@ -87,6 +85,7 @@ class KubeManifestsConsumer(BaseConsumer):
         self._retrying: dict[Path, int] = {}  # consecutive transient results per file
         self._resync: asyncio.Task[None] | None = None
         self._moves = MoveGrace(settings.move_grace, ctx.trigger)
+        self._files = asyncio.Semaphore(settings.concurrency)  # files applied at once, across batches
         self.stats: dict[str, float] = {
             "files_applied": 0, "files_removed": 0, "files_failed": 0, "removals_deferred": 0,
             "objects_applied": 0, "objects_pruned": 0, "api_requests": 0, "api_retries": 0, "api_dropped": 0,
@@ -188,18 +187,20 @@ class KubeManifestsConsumer(BaseConsumer):
             self.ctx.trigger([c.path.with_suffix("") for c in skip_markers])
 
         claimed: set[ObjRef] = set()  # what the batch's existing files declare: never removed below
-        files = asyncio.Semaphore(_FILES_AT_ONCE)
 
         async def one(change: Change) -> None:
-            async with files:
-                results[change.path] = await self._one(applier, change, claimed)
+            async with self._files:
+                results[change.path] = result = await self._one(applier, change, claimed)
+            batch.report(change.path, result)  # settled: a slow file of this batch delays no other
 
         await asyncio.gather(*(one(c) for c in live if c.path.suffix.lower() != SKIP_SUFFIX))
         for c in gone:
             if c.path.suffix.lower() != SKIP_SUFFIX:
-                results[c.path] = await self._one(applier, c, claimed)
+                async with self._files:
+                    results[c.path] = await self._one(applier, c, claimed)
                 if not isinstance(results[c.path], Retry):
                     self._moves.done(c.path)  # removed (or given up): nothing waits for it any more
+                batch.report(c.path, results[c.path])
         self.stats["api_requests"] = applier.client.stats["requests"]
         self.stats["api_retries"] = applier.client.stats["retries"]
         self.stats["api_dropped"] = applier.client.stats["dropped"]
@@ -279,15 +280,15 @@ class KubeManifestsConsumer(BaseConsumer):
             return await self._result(path, out, out.to_data(), "apply")
         except ManifestError as exc:
             self.stats["files_failed"] += 1
-            self.log.warning("Failed to apply %s (retried when it changes, or on SIGHUP): %s", path, exc)
+            self.log.debug("Failed to apply %s (retried when it changes, or on SIGHUP): %s", path, exc)
             return Reject(str(exc))
         except TransientError as exc:
-            self.log.warning("Failed to %s %s (will retry): %s", verb, path, exc)
+            self.log.debug("Failed to %s %s (will retry): %s", verb, path, exc)
             self.log.debug("Failure of %s", path, exc_info=True)
             return Retry(str(exc), after=getattr(exc, "retry_after", None))
         except ReloaddError as exc:
             self.stats["files_failed"] += 1
-            self.log.warning("Failed to %s %s (retried when it changes, or on SIGHUP): %s", verb, path, exc)
+            self.log.debug("Failed to %s %s (retried when it changes, or on SIGHUP): %s", verb, path, exc)
             self.log.debug("Failure of %s", path, exc_info=True)
             return Reject(str(exc))
 
@@ -343,11 +344,11 @@ class KubeManifestsConsumer(BaseConsumer):
             reason = "ApplyFailed" if verb == "apply" else "RemoveFailed"
             await self._event(out, reason, f"{path}: {out.summary()}")
         if out.transient:
-            self.log.warning("Failed to %s %s (will retry): %s", verb, path, out.summary())
+            self.log.debug("Failed to %s %s (will retry): %s", verb, path, out.summary())
             return Retry(out.summary())
         if out.errors:
             self.stats["files_failed"] += 1
-            self.log.warning("Failed to %s %s (retried when it changes, or on SIGHUP): %s", verb, path,
+            self.log.debug("Failed to %s %s (retried when it changes, or on SIGHUP): %s", verb, path,
                              out.summary())
             return Reject(out.summary(), data)
         self.log.info("%s %s: %d applied, %d pruned", "Applied" if verb == "apply" else "Removed", path,

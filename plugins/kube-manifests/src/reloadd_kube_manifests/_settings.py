@@ -27,7 +27,8 @@ class Settings:
         max_file_size: Files larger than this many bytes are rejected unread.
         crd_timeout: Seconds to wait for a CRD to become established and served.
         parallel: Objects applied at once (within one apply rank).
-        concurrency: Batches handled at once, so a file stuck in retries does not hold back the others.
+        concurrency: Files applied at once, across batches; a file slow or stuck in retries holds one
+            slot and no other file waits for it (each file is settled as soon as it is done).
         resync_interval: Seconds between forced passes over every file (drift correction, k3s#3711);
             0 disables them (SIGHUP still forces one).
         move_grace: Seconds the removal of a deleted file waits for a file that declares its objects (the
