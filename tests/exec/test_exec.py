@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from reloadd_exec import create
 
+import reloadd
 from reloadd import Ack, Batch, Change, ChangeKind, ConfigError, ConsumerContext, Fingerprint, Reason, Retry
 
 pytestmark = pytest.mark.timeout(30)
@@ -56,3 +59,42 @@ def test_options_validated(tmp_path):
         create(ctx(tmp_path, command=["true"], shell=True))
     with pytest.raises(ConfigError, match="'timeout'"):
         create(ctx(tmp_path, command=["true"], timeout="forever"))
+
+
+async def test_runs_for_one_path_never_overlap_and_the_last_sees_the_final_content(tmp_path):
+    """exec stays ordered per path: a change made while the command runs is handed over after it ends."""
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    log = tmp_path / "runs.log"
+    script = (
+        "import json, sys, time\n"
+        f"log = open({str(log)!r}, 'a', buffering=1)\n"
+        "paths = [c['path'] for c in json.load(sys.stdin)['changes']]\n"
+        "content = open(paths[0]).read() if paths else ''\n"
+        "log.write(f'start {time.monotonic()} {content}\\n')\n"
+        "time.sleep(0.4)\n"
+        "log.write(f'end {time.monotonic()}\\n')\n"
+    )
+    cfg = reloadd.parse_config({
+        "reloadd": {"state_dir": str(tmp_path / "state"), "quiet": "50ms"},
+        "consumer": [{"name": "hook", "plugin": "exec", "paths": [str(watched)],
+                      "options": {"command": [sys.executable, "-c", script]}}],
+    })
+    target = watched / "a.conf"
+    async with reloadd.Reloader(cfg) as r:
+        await r.wait_idle(10)
+        target.write_text("v1")
+        deadline = time.monotonic() + 10
+        while not (log.exists() and "start" in log.read_text()):
+            assert time.monotonic() < deadline, "the command never ran"
+            await asyncio.sleep(0.02)
+        for v in ("v2", "v3"):  # while the first run is still going
+            target.write_text(v)
+            await asyncio.sleep(0.1)
+        await r.wait_idle(15)
+    lines = [line.split() for line in log.read_text().splitlines()]
+    kinds = [line[0] for line in lines]
+    assert kinds == ["start", "end"] * (len(kinds) // 2) and len(kinds) >= 4, lines
+    times = [float(line[1]) for line in lines]
+    assert times == sorted(times), "two runs for the same path overlapped"
+    assert lines[-2][2] == "v3", f"the last run did not see the final content: {lines}"

@@ -126,6 +126,17 @@ async def test_daemon_start_with_an_unavailable_aggregated_api_applies_the_rest_
         assert "metrics.k8s.io/v1beta1 is unavailable (503 service unavailable)" in waiting()[0]["error"]
     assert took < 2.0, f"the ordinary manifests took {took:.2f}s from start"
 
+    # A restart with the same state, the API still down: what changed meanwhile is applied at once.
+    write_atomic(manifests / "plain.yaml", [cm("boot-1", namespace, v="2"), cm("boot-2", namespace)])
+    write_atomic(manifests / "added.yaml", [cm("boot-3", namespace)])
+    started = time.monotonic()
+    async with reloadd.Reloader(cfg):
+        await eventually(lambda: kube.get(cm_path(namespace, "boot-3")) is not None
+                         and (kube.get(cm_path(namespace, "boot-1")) or {}).get("data") == {"v": "2"},
+                         "the changes made while stopped")
+        took = time.monotonic() - started
+    assert took < 2.0, f"after the restart the changed manifests took {took:.2f}s"
+
 
 async def test_request_that_crashes_the_server_is_rejected_after_three_drops(
     make_harness: Any, kube: KubeCluster, namespace: str, caplog: pytest.LogCaptureFixture
