@@ -17,7 +17,8 @@ class Settings:
     """Validated ``[consumer.options]``.
 
     Attributes:
-        kubeconfig: Kubeconfig file; ``None`` = in-cluster, then ``$KUBECONFIG`` / ``~/.kube/config``.
+        kubeconfig: Kubeconfig file; ``None`` = kubectl's order: ``$KUBECONFIG``, else ``~/.kube/config``,
+            else the in-cluster service account.
         context: Kubeconfig context (default: its current-context).
         field_manager: Server-side-apply field manager.
         force: Take over fields other managers own (as k3s does); off reports a conflict instead.
