@@ -87,3 +87,53 @@ async def test_symlink_chain_not_wholly_root_owned_is_refused(env: Env, which: s
 def test_follow_symlinks_option_is_validated(env: Env) -> None:
     with pytest.raises(ConfigError, match="'follow_symlinks' must be one of 'inside', 'root-owned', got 'always'"):
         env.consumer(follow_symlinks="always")
+
+
+def directory_link_layout(env: Env) -> tuple[Path, Path, Path]:
+    """conf.d/50-mirror.conf -> sl/mid/50-mirror.conf, where ``mid`` is itself a symlink to real/."""
+    real = env.tmp / "sl" / "real"
+    real.mkdir(parents=True)
+    target = real / "50-mirror.conf"
+    target.write_text(GOOD)
+    mid = env.tmp / "sl" / "mid"
+    mid.symlink_to("real")
+    link = env.conf_d / "50-mirror.conf"
+    link.symlink_to(mid / "50-mirror.conf")
+    return link, mid, target
+
+
+@needs_root
+async def test_directory_symlink_inside_the_target_path_must_be_root_owned(env: Env) -> None:
+    """Every symlink met while resolving counts, not only the links the drop-in chain starts with."""
+    link, mid, _ = directory_link_layout(env)
+    os.lchown(mid, 1000, 1000)
+    results = await env.consumer(follow_symlinks="root-owned").handle(env.batch(link))
+    error = rejected(results[link])
+    assert error.startswith(f"{link}: ")
+    assert f"symlink {mid} " in error and "is owned by uid 1000, not root; refused" in error, error
+    assert env.hosts_files() == {}
+
+
+@needs_root
+async def test_all_root_chain_through_a_directory_symlink_is_followed(env: Env) -> None:
+    link, _, _ = directory_link_layout(env)
+    results = await env.consumer(follow_symlinks="root-owned").handle(env.batch(link))
+    assert results[link] == Ack({"hosts": [HOST], "warnings": []})
+    assert list(env.hosts_files()) == [f"{HOST}/hosts.toml"]
+
+
+async def test_a_directory_symlink_that_leads_outside_is_refused_by_default(env: Env) -> None:
+    # conf.d/50.conf -> sub/50.conf looks inside, but conf.d/sub is a link to a folder elsewhere.
+    link, mid, target = directory_link_layout(env)
+    link.unlink()
+    (env.conf_d / "sub").symlink_to(mid)
+    link.symlink_to("sub/50-mirror.conf")
+    results = await env.consumer().handle(env.batch(link))
+    assert rejected(results[link]) == f"{link}: symlink points outside {env.conf_d} (to {target}); refused"
+
+
+async def test_a_symlink_loop_is_refused(env: Env) -> None:
+    loop = env.conf_d / "60-loop.conf"
+    loop.symlink_to("60-loop.conf")
+    results = await env.consumer(follow_symlinks="root-owned").handle(env.batch(loop))
+    assert rejected(results[loop]) == f"{loop}: more than 40 symlinks on the way; refused"
