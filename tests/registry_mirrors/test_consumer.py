@@ -347,24 +347,31 @@ async def test_notify_signals_a_pid_from_a_pid_file(env: Env) -> None:
         loop.remove_signal_handler(signal.SIGUSR1)
 
 
+@pytest.fixture
+def signals_sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """Every way Python can send a signal, replaced by a recorder (as in tests/core/test_pidfile.py).
+
+    A regression in the pid checks then records ``kill(-1, SIGUSR1)`` instead of signalling every
+    process on the machine (the suite runs as root).
+    """
+    sent: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(("kill", pid, sig)))
+    monkeypatch.setattr(os, "killpg", lambda pgid, sig: sent.append(("killpg", pgid, sig)))
+    monkeypatch.setattr(signal, "pidfd_send_signal", lambda fd, sig, *a: sent.append(("pidfd", fd, sig)))
+    return sent
+
+
 @pytest.mark.parametrize("content", ["-1", "0", "1", "garbage", "99999999"])
 async def test_notify_refuses_a_pid_file_naming_no_daemon(
-    env: Env, content: str, caplog: pytest.LogCaptureFixture
+    env: Env, content: str, caplog: pytest.LogCaptureFixture, signals_sent: list[tuple[str, int, int]]
 ) -> None:
     """A pid file holding -1 would signal every process as root: refused, reported, nothing signalled."""
-    got = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGUSR1, got.set)
-    try:
-        pid_file = env.tmp / "crio.pid"
-        pid_file.write_text(content + "\n")
-        c = env.consumer(notify={"pid_file": str(pid_file), "signal": "SIGUSR1"})
-        drop = env.conf_d / "50.conf"
-        drop.write_text(GOOD_A)
-        await c.handle(env.batch(drop))
-        await asyncio.sleep(0.2)
-        assert not got.is_set()
-        assert c.stats["notify_failures"] == 1
-        assert f"Refusing pid file {pid_file}" in caplog.text
-    finally:
-        loop.remove_signal_handler(signal.SIGUSR1)
+    pid_file = env.tmp / "crio.pid"
+    pid_file.write_text(content + "\n")
+    c = env.consumer(notify={"pid_file": str(pid_file), "signal": "SIGUSR1"})
+    drop = env.conf_d / "50.conf"
+    drop.write_text(GOOD_A)
+    await c.handle(env.batch(drop))
+    assert signals_sent == []
+    assert c.stats["notify_failures"] == 1
+    assert f"Refusing pid file {pid_file}" in caplog.text
