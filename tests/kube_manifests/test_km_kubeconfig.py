@@ -71,7 +71,7 @@ def _write(path: Path, doc: dict[str, Any]) -> Path:
 
 @pytest.mark.parametrize("order", ["good-first", "bad-first"])
 async def test_kubeconfig_list_is_merged_like_kubectl(
-    order: str, kube: KubeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    order: str, kube: KubeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reliability: Reliability
 ) -> None:
     """Context in one file, cluster (relative CA path) in another; a user defined in two: the first wins."""
     import shutil
@@ -101,6 +101,11 @@ async def test_kubeconfig_list_is_merged_like_kubectl(
     if order == "good-first":
         monkeypatch.setenv("KUBECONFIG", listed)
         assert load_cluster_config(sa_dir=tmp_path / "no-sa").namespace == "apps"
+    reliability.record(f"kube-manifests: $KUBECONFIG of {len(listed.split(os.pathsep))} files (one missing), "
+                       f"the {order.split('-')[0]} "
+                       "token defined first", trials=1, expected=int(order == "good-first"), delivered=int(ours),
+                       notes=f"delivered = reloadd reached the API server; kubectl v1.20.2: "
+                             f"{'reached it' if theirs else 'refused too'}")
 
 
 async def _with_env(monkeypatch: pytest.MonkeyPatch, kubeconfig: str) -> tuple[bool, str]:
@@ -214,7 +219,9 @@ def _plugin(tmp_path: Path, status: dict[str, Any]) -> Path:
 
 
 @pytest.mark.parametrize("returns", ["token", "certificate"])
-async def test_exec_plugin_like_kubectl(returns: str, kube: KubeCluster, tmp_path: Path) -> None:
+async def test_exec_plugin_like_kubectl(
+    returns: str, kube: KubeCluster, tmp_path: Path, reliability: Reliability
+) -> None:
     pki = kube.ca_file.parent
     if returns == "token":
         status: dict[str, Any] = {"token": kube.admin_token}
@@ -233,10 +240,17 @@ async def test_exec_plugin_like_kubectl(returns: str, kube: KubeCluster, tmp_pat
     ours, why = await reloadd_ok(cfg)
     assert theirs is True, err
     assert ours is True, why
+    reliability.record(f"kube-manifests: exec credential plugin returning a {returns}", trials=1, expected=1,
+                       delivered=int(ours), notes=f"delivered = reloadd read kube-system with it; kubectl "
+                                                  f"v1.20.2 {'did too' if theirs else 'did not'}")
+
+
+def _files_holding(root: Path, text: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and text in p.read_text(errors="replace")]
 
 
 async def test_inline_key_material_never_touches_the_filesystem(
-    kube: KubeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kube: KubeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reliability: Reliability
 ) -> None:
     """client-key-data is loaded without a temp file: it works even with no writable temp dir at all."""
     pki = kube.ca_file.parent
@@ -254,8 +268,15 @@ async def test_inline_key_material_never_touches_the_filesystem(
     ours, why = await reloadd_ok(cfg)
     assert ours is True, why
     assert not nowhere.exists()
+    # Any file under the test's directory holding a line of the key in clear (the kubeconfig holds base64).
+    key_line = (pki / "admin.key").read_text().splitlines()[1]
+    on_disk = _files_holding(tmp_path, key_line)
+    assert on_disk == []
     theirs, err = kubectl_ok(_env(), "--kubeconfig", str(cfg), "get", "ns", "kube-system")
     assert theirs is True, err
+    reliability.record("kube-manifests: inline client-key-data with no writable temp dir", trials=1, expected=0,
+                       delivered=len(on_disk) + int(nowhere.exists()),
+                       notes=f"delivered = key files left on disk; connected: {ours}, kubectl v1.20.2: {theirs}")
 
 
 async def test_a_bad_exec_plugin_answer_is_named(kube: KubeCluster, tmp_path: Path) -> None:

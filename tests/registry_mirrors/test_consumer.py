@@ -17,6 +17,7 @@ import pytest
 from reloadd_registry_mirrors import HEADER
 
 from reloadd import Ack, ConfigError, Reject, TransientError
+from tests.reliability import Reliability
 
 from .conftest import Env, ack_data, mirror_conf, rejected
 
@@ -363,7 +364,8 @@ def signals_sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
 
 @pytest.mark.parametrize("content", ["-1", "0", "1", "garbage", "99999999"])
 async def test_notify_refuses_a_pid_file_naming_no_daemon(
-    env: Env, content: str, caplog: pytest.LogCaptureFixture, signals_sent: list[tuple[str, int, int]]
+    env: Env, content: str, caplog: pytest.LogCaptureFixture, signals_sent: list[tuple[str, int, int]],
+    reliability: Reliability,
 ) -> None:
     """A pid file holding -1 would signal every process as root: refused, reported, nothing signalled."""
     pid_file = env.tmp / "crio.pid"
@@ -375,3 +377,7 @@ async def test_notify_refuses_a_pid_file_naming_no_daemon(
     assert signals_sent == []
     assert c.stats["notify_failures"] == 1
     assert f"Refusing pid file {pid_file}" in caplog.text
+    reliability.record(f"registry-mirrors: notify.pid_file holding {content!r}", trials=1, expected=0,
+                       delivered=len(signals_sent),
+                       notes=f"delivered = signals sent (recorded, never delivered); notify failures counted: "
+                             f"{c.stats['notify_failures']:g}, logged naming the pid file")
