@@ -50,11 +50,14 @@ bench: deps kube containerd-releases install
 	$(BIN)/python -m bench.registry_mirrors --md build/bench/40-registry-mirrors.md
 	$(BIN)/python -m bench.report docs/benchmarks.md docs/benchmarks-core.md build/bench/[0-9]*.md
 
+# Every test file that records reliability rows (grep -l 'reliability.record' tests) is listed here;
+# tests/reliability.py rewrites docs/reliability.md only if this session passes with nothing skipped.
 faults: deps kube containerd-releases install
 	RELOADD_RELIABILITY_REPORT=docs/reliability.md $(BIN)/pytest -q -p no:cacheprovider -m 'slow or not slow' \
 	  tests/faults tests/observability/test_http_limits.py tests/core/test_pidfile.py \
 	  tests/core/test_config_ranges.py tests/registry_mirrors/test_partial_apply.py \
-	  tests/kube_manifests/test_km_kubeconfig.py
+	  tests/kube_manifests/test_km_kubeconfig.py tests/registry_mirrors/test_drop_in_files.py \
+	  tests/registry_mirrors/test_consumer.py
 
 protos: install
 	bash plugins/containerd-images/gen_protos.sh

@@ -75,7 +75,8 @@ def build_consumer(
     Shared by :class:`~reloadd.Reloader` and ``reloadd plan``, so both see the very same consumer.
 
     Raises:
-        ConfigError: the plugin rejected its options.
+        ConfigError: the plugin rejected its options; the message starts with the config file, so a
+            plugin's own ``consumer 'x' options: key 'k': ...`` reads like the core's errors.
         PluginError: the plugin is missing, failed, or returned something that is not a consumer.
     """
     factory = load(CONSUMER_GROUP, cc.plugin)
@@ -91,8 +92,8 @@ def build_consumer(
     )
     try:
         consumer = factory(ctx)
-    except ConfigError:
-        raise
+    except ConfigError as exc:
+        raise _in_file(exc, config_file) from exc
     except Exception as exc:
         raise PluginError(f"Plugin {cc.plugin!r} failed to create consumer {cc.name!r}: {exc}") from exc
     if not isinstance(consumer, Consumer):
@@ -102,6 +103,14 @@ def build_consumer(
     if cc.concurrency is not None:
         consumer.concurrency = cc.concurrency
     return consumer
+
+
+def _in_file(exc: ConfigError, config_file: Path | None) -> ConfigError:
+    """``exc`` with the config file in front, unless there is none or the plugin named it already."""
+    text = str(exc)
+    if config_file is None or text.startswith(str(config_file)):
+        return exc
+    return ConfigError(f"{config_file}: {text}")
 
 
 def path_filter(consumer: Consumer, cc: ConsumerConfig) -> PathFilter:

@@ -15,14 +15,13 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from ._building import build_consumer
 from ._config import Config, load_config
-from ._consumer import ConsumerContext
 from ._control import query_status, send_reload
 from ._errors import ReloaddError
 from ._logging import configure_logging
 from ._pidfile import remove_pid_file, signal_pid_file, write_pid_file
 from ._plan import plan
-from ._plugins import CONSUMER_GROUP, load
 from ._reloader import Reloader
 from ._services import services
 
@@ -84,10 +83,8 @@ def _check(cfg: Config) -> list[str]:
 def _check_in(cfg: Config, state_dir: Path) -> list[str]:
     problems: list[str] = []
     for cc in cfg.consumers:
-        try:
-            factory = load(CONSUMER_GROUP, cc.plugin)
-            factory(ConsumerContext(name=cc.name, paths=cc.paths, options=cc.options,
-                                    state_dir=state_dir, config_file=cfg.source))
+        try:  # the very path `run` takes, so both word a plugin's option errors alike
+            build_consumer(cc, {}, state_dir, cfg.source)
         except ReloaddError as exc:
             problems.append(str(exc))
         except Exception as exc:

@@ -134,6 +134,64 @@ def test_check_refuses_non_finite_quiet(tmp_path, value, reliability):
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"{p} [reloadd]: key 'quiet'" in out.stderr
-    reliability.record(f"`reloadd check` with quiet = {value}", trials=1, expected=0, delivered=0,
+    accepted = int(out.returncode == 0 or "OK" in out.stdout)  # the config got through
+    reliability.record(f"`reloadd check` with quiet = {value}", trials=1, expected=0, delivered=accepted,
                        notes=f"exit {out.returncode}: `…[reloadd]: "
                              f"{out.stderr.strip().split('[reloadd]: ', 1)[-1][:100]}`")
+
+
+def plugin_config(tmp_path: Path, plugin: str, options: str) -> Path:
+    return write(tmp_path, f"""
+        [reloadd]
+        state_dir = "{tmp_path / 's'}"
+        [[consumer]]
+        name = "x"
+        plugin = "{plugin}"
+        paths = ["{tmp_path}"]
+        [consumer.options]
+        {options}
+    """)
+
+
+def check(p: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "reloadd", "check", "--config", str(p)],
+                          capture_output=True, text=True, timeout=30)
+
+
+# Plugin integers are capped: a typo such as `parallel = 1000000000` is an error, not a billion tasks.
+PLUGIN_BOUNDS = [
+    ("kube-manifests", "parallel = 1000000000", "key 'parallel' must be at most 256, got 1000000000"),
+    ("kube-manifests", "concurrency = 65", "key 'concurrency' must be at most 64, got 65"),
+    ("kube-manifests", "max_file_size = 1073741825", "key 'max_file_size' must be at most 1073741824"),
+    ("containerd-images", "concurrency = 100000", "key 'concurrency' must be at most 64, got 100000"),
+    ("registry-mirrors", "max_file_size = 9223372036854775807", "key 'max_file_size' must be at most 1073741824"),
+]
+
+
+@pytest.mark.parametrize(("plugin", "option", "message"), PLUGIN_BOUNDS)
+def test_check_refuses_plugin_integers_out_of_range(tmp_path, plugin, option, message):
+    p = plugin_config(tmp_path, plugin, option)
+    out = check(p)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert f"reloadd: {p}: consumer 'x' options: {message}" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(("plugin", "option"), [
+    ("kube-manifests", "parallel = 256\nconcurrency = 64\nmax_file_size = 1073741824"),
+    ("containerd-images", "concurrency = 64"),
+    ("registry-mirrors", "max_file_size = 1073741824"),
+])
+def test_plugin_integers_at_their_maximum_stay_valid(tmp_path, plugin, option):
+    out = check(plugin_config(tmp_path, plugin, option))
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_bad_plugin_option_names_the_config_file(tmp_path):
+    """`check` and `run` both put the file in front of a plugin's own ``consumer 'x' options: key …``."""
+    p = plugin_config(tmp_path, "exec", 'command = ["true"]\ntimeout = "soon"')
+    out = check(p)
+    expected = f"{p}: consumer 'x' options: key 'timeout': expected a duration"
+    assert out.returncode == 1 and f"reloadd: {expected}" in out.stderr, out.stderr
+    run = subprocess.run([sys.executable, "-m", "reloadd", "run", "--config", str(p)],
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == 1 and expected in run.stderr, run.stderr

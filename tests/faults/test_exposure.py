@@ -202,8 +202,11 @@ async def test_loopback_only_private_files_no_secrets(tmp_path: Path, metrics: s
     leaks = {where: [s for s in SECRETS if s in text]
              for where, text in (("status", status_out), ("logs", logs), ("metrics", metrics_out))}
     assert leaks == {"status": [], "logs": [], "metrics": []}  # ... but never printed
+    exposed = [addr for _, addr, _ in sockets if not ipaddress.ip_address(addr).is_loopback]
+    found = sum(len(v) for v in leaks.values())
     reliability.record(f"exposure: `reloadd run`, {'metrics on loopback' if listen else 'defaults'}",
-                       trials=1, expected=0, delivered=0, duplicates=0, lost=0,
-                       notes=f"listening: {sockets or 'none'}; control socket {oct(control_mode)}, "
-                             f"state dir {oct(state_mode)}, files 0o600, dirs {sorted(set(dirs.values()))}; "
-                             "secrets found in status/logs/metrics: 0")
+                       trials=1, expected=0, delivered=found + len(exposed),
+                       notes=f"delivered = secrets found in status/logs/metrics ({found}) + non-loopback "
+                             f"sockets ({len(exposed)}); listening: {sockets or 'none'}; control socket "
+                             f"{oct(control_mode)}, state dir {oct(state_mode)}, files "
+                             f"{sorted(set(files.values()))}, dirs {sorted(set(dirs.values()))}")

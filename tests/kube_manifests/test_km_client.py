@@ -262,6 +262,9 @@ async def test_in_cluster_service_account_token_is_reread_after_rotation(
     (sa / "namespace").write_text("tenant\n")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(kube.port))
+    # In-cluster config is the fallback when no kubeconfig is found (client-go's order): make sure none is.
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     config = load_cluster_config(sa_dir=sa)
     assert config.namespace == "tenant"
     client = KubeClient(config)

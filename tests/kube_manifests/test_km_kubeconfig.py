@@ -71,7 +71,7 @@ def _write(path: Path, doc: dict[str, Any]) -> Path:
 
 @pytest.mark.parametrize("order", ["good-first", "bad-first"])
 async def test_kubeconfig_list_is_merged_like_kubectl(
-    order: str, kube: KubeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    order: str, kube: KubeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reliability: Reliability
 ) -> None:
     """Context in one file, cluster (relative CA path) in another; a user defined in two: the first wins."""
     import shutil
@@ -101,6 +101,11 @@ async def test_kubeconfig_list_is_merged_like_kubectl(
     if order == "good-first":
         monkeypatch.setenv("KUBECONFIG", listed)
         assert load_cluster_config(sa_dir=tmp_path / "no-sa").namespace == "apps"
+    reliability.record(f"kube-manifests: $KUBECONFIG of {len(listed.split(os.pathsep))} files (one missing), "
+                       f"the {order.split('-')[0]} "
+                       "token defined first", trials=1, expected=int(order == "good-first"), delivered=int(ours),
+                       notes=f"delivered = reloadd reached the API server; kubectl v1.20.2: "
+                             f"{'reached it' if theirs else 'refused too'}")
 
 
 async def _with_env(monkeypatch: pytest.MonkeyPatch, kubeconfig: str) -> tuple[bool, str]:
@@ -214,7 +219,9 @@ def _plugin(tmp_path: Path, status: dict[str, Any]) -> Path:
 
 
 @pytest.mark.parametrize("returns", ["token", "certificate"])
-async def test_exec_plugin_like_kubectl(returns: str, kube: KubeCluster, tmp_path: Path) -> None:
+async def test_exec_plugin_like_kubectl(
+    returns: str, kube: KubeCluster, tmp_path: Path, reliability: Reliability
+) -> None:
     pki = kube.ca_file.parent
     if returns == "token":
         status: dict[str, Any] = {"token": kube.admin_token}
@@ -233,10 +240,17 @@ async def test_exec_plugin_like_kubectl(returns: str, kube: KubeCluster, tmp_pat
     ours, why = await reloadd_ok(cfg)
     assert theirs is True, err
     assert ours is True, why
+    reliability.record(f"kube-manifests: exec credential plugin returning a {returns}", trials=1, expected=1,
+                       delivered=int(ours), notes=f"delivered = reloadd read kube-system with it; kubectl "
+                                                  f"v1.20.2 {'did too' if theirs else 'did not'}")
+
+
+def _files_holding(root: Path, text: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and text in p.read_text(errors="replace")]
 
 
 async def test_inline_key_material_never_touches_the_filesystem(
-    kube: KubeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kube: KubeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reliability: Reliability
 ) -> None:
     """client-key-data is loaded without a temp file: it works even with no writable temp dir at all."""
     pki = kube.ca_file.parent
@@ -254,8 +268,15 @@ async def test_inline_key_material_never_touches_the_filesystem(
     ours, why = await reloadd_ok(cfg)
     assert ours is True, why
     assert not nowhere.exists()
+    # Any file under the test's directory holding a line of the key in clear (the kubeconfig holds base64).
+    key_line = (pki / "admin.key").read_text().splitlines()[1]
+    on_disk = _files_holding(tmp_path, key_line)
+    assert on_disk == []
     theirs, err = kubectl_ok(_env(), "--kubeconfig", str(cfg), "get", "ns", "kube-system")
     assert theirs is True, err
+    reliability.record("kube-manifests: inline client-key-data with no writable temp dir", trials=1, expected=0,
+                       delivered=len(on_disk) + int(nowhere.exists()),
+                       notes=f"delivered = key files left on disk; connected: {ours}, kubectl v1.20.2: {theirs}")
 
 
 async def test_a_bad_exec_plugin_answer_is_named(kube: KubeCluster, tmp_path: Path) -> None:
@@ -270,3 +291,83 @@ async def test_a_bad_exec_plugin_answer_is_named(kube: KubeCluster, tmp_path: Pa
     })
     ours, why = await reloadd_ok(cfg)
     assert ours is False and "cred-plugin" in why and "neither status.token" in why, why
+
+
+def _service_account(tmp_path: Path, kube: KubeCluster, monkeypatch: pytest.MonkeyPatch, token: str) -> Path:
+    """A service-account directory and the in-cluster environment pointing at the real apiserver."""
+    import shutil
+
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    shutil.copy(kube.ca_file, sa / "ca.crt")
+    (sa / "token").write_text(token)
+    (sa / "namespace").write_text("from-service-account\n")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(kube.port))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.kube/config unless a test writes one
+    return sa
+
+
+def _admin_kubeconfig(path: Path, kube: KubeCluster, namespace: str) -> Path:
+    return _write(path, {
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": kube.server, "certificate-authority-data": _ca_data(kube)}}],
+        "users": [{"name": "u", "user": {"token": kube.admin_token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u", "namespace": namespace}}],
+    })
+
+
+@pytest.mark.parametrize("where", ["KUBECONFIG", "home"])
+async def test_a_kubeconfig_wins_over_the_in_cluster_service_account(
+    where: str, kube: KubeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """client-go uses the in-cluster account only when no kubeconfig is found; a mounted one wins."""
+    sa = _service_account(tmp_path, kube, monkeypatch, token="an-unknown-service-account-token")
+    if where == "KUBECONFIG":
+        cfg = _admin_kubeconfig(tmp_path / "kc" / "admin.yaml", kube, "from-kubeconfig")
+        monkeypatch.setenv("KUBECONFIG", str(cfg))
+    else:
+        monkeypatch.delenv("KUBECONFIG", raising=False)
+        _admin_kubeconfig(tmp_path / "home" / ".kube" / "config", kube, "from-kubeconfig")
+    assert load_cluster_config(sa_dir=sa).namespace == "from-kubeconfig"
+    ours, why = await reloadd_ok(None, sa_dir=sa)  # the service account's token would get a 401
+    assert ours is True, why
+
+
+async def test_in_cluster_only_when_no_kubeconfig_is_found(
+    kube: KubeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Missing $KUBECONFIG files, or files that define nothing, leave the service account in charge."""
+    sa = _service_account(tmp_path, kube, monkeypatch, token=kube.admin_token)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    monkeypatch.setenv("KUBECONFIG", os.pathsep.join([str(tmp_path / "missing.yaml"), str(empty)]))
+    assert load_cluster_config(sa_dir=sa).namespace == "from-service-account"
+    ours, why = await reloadd_ok(None, sa_dir=sa)
+    assert ours is True, why
+    # A set $KUBECONFIG replaces ~/.kube/config: the home file is not consulted.
+    _admin_kubeconfig(tmp_path / "home" / ".kube" / "config", kube, "from-home")
+    assert load_cluster_config(sa_dir=sa).namespace == "from-service-account"
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    with pytest.raises(ConfigError, match=r"empty\.yaml"):  # no fallback left: the empty file is the error
+        load_cluster_config(sa_dir=sa)
+
+
+@pytest.mark.parametrize("ca", ["certificate-authority", "certificate-authority-data"])
+async def test_insecure_skip_tls_verify_beside_a_ca_is_refused_like_kubectl(
+    ca: str, kube: KubeCluster, tmp_path: Path
+) -> None:
+    cluster: dict[str, Any] = {"server": kube.server, "insecure-skip-tls-verify": True,
+                               ca: str(kube.ca_file) if ca == "certificate-authority" else _ca_data(kube)}
+    cfg = _write(tmp_path / "kc.yaml", {
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": cluster}],
+        "users": [{"name": "u", "user": {"token": kube.admin_token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+    })
+    with pytest.raises(ConfigError) as info:
+        load_cluster_config(cfg)
+    assert str(cfg) in str(info.value)
+    assert "root certificates file with the insecure flag is not allowed" in str(info.value)
+    theirs, err = kubectl_ok(_env(), "--kubeconfig", str(cfg), "get", "ns", "kube-system")
+    assert theirs is False and "insecure flag is not allowed" in err, err

@@ -9,9 +9,11 @@ from reloadd import ConfigError, ConsumerContext, Options
 
 from ._oci import parse_platform
 
-__all__ = ["ON_DELETE", "Settings"]
+__all__ = ["MAX_CONCURRENCY", "ON_DELETE", "Settings"]
 
 ON_DELETE = ("unpin", "remove", "keep")
+MAX_CONCURRENCY = 64
+"""The largest ``concurrency``: each import in flight holds a tarball stream and containerd leases."""
 DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
 
 
@@ -60,7 +62,7 @@ class Settings:
             snapshotter=o.str("snapshotter", "overlayfs"),
             unpack=o.bool("unpack", True),
             platforms=platforms,
-            concurrency=o.int("concurrency", 2, minimum=1),
+            concurrency=o.int("concurrency", 2, minimum=1, maximum=MAX_CONCURRENCY),
             pin=o.bool("pin", True),
             on_delete=o.choice("on_delete", ON_DELETE, "unpin"),
             labels=dict(labels),

@@ -7,7 +7,7 @@ Configure it as::
     plugin = "kube-manifests"
     paths = ["/var/lib/reloadd/manifests"]
     [consumer.options]
-    kubeconfig = "/etc/rancher/k3s/k3s.yaml"   # default: in-cluster, then ~/.kube/config
+    kubeconfig = "/etc/rancher/k3s/k3s.yaml"   # default: $KUBECONFIG, ~/.kube/config, then in-cluster
     field_manager = "reloadd"
     force = true
     namespace = "kube-system"                  # where the ApplySet parents live

@@ -2,6 +2,9 @@
 
 Semantics follow kubectl (client-go's loader):
 
+* Precedence: the explicit ``kubeconfig`` option, else ``$KUBECONFIG``, else ``~/.kube/config``; the
+  in-cluster service account only when none of those yields a kubeconfig (client-go's
+  ``DeferredLoadingClientConfig``), so a kubeconfig mounted into a pod wins over its service account.
 * ``$KUBECONFIG`` may list several files: they are merged, the first file to define a cluster, user or
   context by name wins, ``current-context`` comes from the first file that sets one, missing files are
   skipped, and relative paths resolve against the file that holds them.
@@ -10,9 +13,10 @@ Semantics follow kubectl (client-go's loader):
 * Credentials: bearer tokens (inline or ``tokenFile``), client certificates (files or inline data; inline
   key material is handed to OpenSSL through an anonymous memory file and never written to disk), exec
   credential plugins (``client.authentication.k8s.io`` v1 / v1beta1) returning a token and/or a client
-  certificate and key, ``insecure-skip-tls-verify``. In-cluster, the projected service-account token is
-  re-read when it changes, because kubelet rotates it. Auth-provider plugins (gcp/azure/oidc) are not
-  supported: they were removed from client-go and exec plugins replaced them.
+  certificate and key, ``insecure-skip-tls-verify`` (refused beside a CA, as client-go refuses it).
+  In-cluster, the projected service-account token is re-read when it changes, because kubelet rotates
+  it. Auth-provider plugins (gcp/azure/oidc) are not supported: they were removed from client-go and
+  exec plugins replaced them.
 """
 
 from __future__ import annotations
@@ -292,6 +296,10 @@ class _Merged:
     def where(self) -> str:
         return ", ".join(map(str, self.files))
 
+    def empty(self) -> bool:
+        """Nothing defined at all: client-go's "empty config", which lets in-cluster config take over."""
+        return not self.current_context and not any(self.entries.values())
+
     def named(self, kind: str, name: str) -> tuple[Mapping[str, Any], Path]:
         try:
             return self.entries[kind][name]
@@ -299,10 +307,14 @@ class _Merged:
             raise ConfigError(f"kubeconfig {self.where()}: no {kind.rstrip('s')} named {name!r}") from None
 
 
-def _load_kubeconfig(paths: list[Path], context: str | None) -> ClusterConfig:
+def _merge(paths: list[Path]) -> _Merged:
     merged = _Merged()
     for p in paths:
         merged.add(p)
+    return merged
+
+
+def _load_kubeconfig(merged: _Merged, context: str | None) -> ClusterConfig:
     where = merged.where()
     ctx_name = context or merged.current_context
     if not ctx_name:
@@ -317,6 +329,15 @@ def _load_kubeconfig(paths: list[Path], context: str | None) -> ClusterConfig:
     server = str(cluster.get("server") or "").rstrip("/")
     if not server:
         raise ConfigError(f"kubeconfig {where}: cluster {ctx.get('cluster')!r} has no server")
+    if cluster.get("insecure-skip-tls-verify") and (
+        cluster.get("certificate-authority") or cluster.get("certificate-authority-data")
+    ):
+        # client-go refuses this pair (transport.TLSConfigFor) rather than silently dropping the CA:
+        # a kubeconfig that names a CA expects it to be checked.
+        raise ConfigError(
+            f"kubeconfig {where}: cluster {ctx.get('cluster')!r}: specifying a root certificates file "
+            "with the insecure flag is not allowed (insecure-skip-tls-verify with certificate-authority)"
+        )
     tls = None
     if server.startswith("https://"):
         try:
@@ -364,21 +385,33 @@ def _in_cluster(sa_dir: Path) -> ClusterConfig:
 def load_cluster_config(
     kubeconfig: Path | None = None, context: str | None = None, *, sa_dir: Path = SA_DIR
 ) -> ClusterConfig:
-    """Resolve the connection: explicit kubeconfig, else in-cluster, else ``$KUBECONFIG``/``~/.kube/config``.
+    """Resolve the connection in kubectl's (client-go's) order.
+
+    1. ``kubeconfig``, when given (it must exist);
+    2. else the files listed in ``$KUBECONFIG`` (missing ones skipped), when the variable is set; a set
+       ``$KUBECONFIG`` replaces ``~/.kube/config``, it is not merged with it;
+    3. else ``~/.kube/config``;
+    4. only when none of those files exists (or what they hold is empty), the in-cluster service
+       account (``$KUBERNETES_SERVICE_HOST`` and a token in ``sa_dir``).
+
+    A kubeconfig that is found always wins over the in-cluster account, as client-go's
+    ``DeferredLoadingClientConfig`` decides: a pod that mounts an admin kubeconfig means to use it.
 
     Raises:
         ConfigError: when no configuration is found or it is invalid.
     """
     if kubeconfig is not None:
-        return _load_kubeconfig([kubeconfig], context)
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and (sa_dir / "token").exists():
-        return _in_cluster(sa_dir)
+        return _load_kubeconfig(_merge([kubeconfig]), context)
     env = os.environ.get("KUBECONFIG")
-    listed = [Path(p) for p in env.split(os.pathsep) if p] if env else []
-    present = [p for p in listed if p.exists()]  # client-go skips missing files in the list
-    if present:
-        return _load_kubeconfig(present, context)
-    home = Path.home() / ".kube" / "config"
-    if home.exists():
-        return _load_kubeconfig([home], context)
-    raise ConfigError("no kubeconfig given, not in a cluster, and no ~/.kube/config")
+    if env:
+        chain = list(dict.fromkeys(Path(p) for p in env.split(os.pathsep) if p))
+    else:
+        chain = [Path.home() / ".kube" / "config"]
+    merged = _merge([p for p in chain if p.exists()])  # client-go skips missing files in the chain
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and (sa_dir / "token").is_file()
+    if merged.files and not (merged.empty() and in_cluster):
+        return _load_kubeconfig(merged, context)
+    if in_cluster:
+        return _in_cluster(sa_dir)
+    looked = "$KUBECONFIG (" + env + ")" if env else "~/.kube/config"
+    raise ConfigError(f"no kubeconfig given, none found in {looked}, and not in a cluster")

@@ -9,7 +9,14 @@ from typing import Any
 
 from reloadd import Options
 
-__all__ = ["Settings"]
+__all__ = ["MAX_CONCURRENCY", "MAX_FILE_SIZE", "MAX_PARALLEL", "Settings"]
+
+MAX_FILE_SIZE = 1 << 30
+"""The largest ``max_file_size`` accepted (1 GiB): a manifest is parsed in memory, whole."""
+MAX_PARALLEL = 256
+"""The largest ``parallel``: each object in flight is one request to the API server."""
+MAX_CONCURRENCY = 64
+"""The largest ``concurrency``: each file in flight holds its objects and its requests."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,7 +24,8 @@ class Settings:
     """Validated ``[consumer.options]``.
 
     Attributes:
-        kubeconfig: Kubeconfig file; ``None`` = in-cluster, then ``$KUBECONFIG`` / ``~/.kube/config``.
+        kubeconfig: Kubeconfig file; ``None`` = kubectl's order: ``$KUBECONFIG``, else ``~/.kube/config``,
+            else the in-cluster service account.
         context: Kubeconfig context (default: its current-context).
         field_manager: Server-side-apply field manager.
         force: Take over fields other managers own (as k3s does); off reports a conflict instead.
@@ -61,10 +69,10 @@ class Settings:
             namespace=opts.str("namespace", "kube-system"),
             prune=opts.bool("prune", True),
             dry_run=opts.bool("dry_run", False),
-            max_file_size=opts.int("max_file_size", 5 * 1024 * 1024, minimum=1),
+            max_file_size=opts.int("max_file_size", 5 * 1024 * 1024, minimum=1, maximum=MAX_FILE_SIZE),
             crd_timeout=opts.duration("crd_timeout", 30.0),
-            parallel=opts.int("parallel", 8, minimum=1),
-            concurrency=opts.int("concurrency", 4, minimum=1),
+            parallel=opts.int("parallel", 8, minimum=1, maximum=MAX_PARALLEL),
+            concurrency=opts.int("concurrency", 4, minimum=1, maximum=MAX_CONCURRENCY),
             resync_interval=opts.duration("resync_interval", 0.0),
             move_grace=opts.duration("move_grace", 5.0),
         )

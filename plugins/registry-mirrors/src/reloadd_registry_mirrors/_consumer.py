@@ -32,7 +32,10 @@ from ._model import Diagnostic
 from ._notify import Notifier, NotifyError
 from ._write import HOSTS_FILE, ApplyResult, Step, apply, decide
 
-__all__ = ["RegistryMirrorsConsumer", "Settings"]
+__all__ = ["MAX_FILE_SIZE", "RegistryMirrorsConsumer", "Settings"]
+
+MAX_FILE_SIZE = 1 << 30
+"""The largest ``max_file_size`` accepted (1 GiB): every input is read and parsed in memory, whole."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +66,7 @@ class Settings:
         hosts_dir = opts.path("hosts_dir", "/etc/containerd/certs.d", base=base)
         certs = opts.str_list("certs_dirs", ["/etc/containers/certs.d", "/etc/docker/certs.d"])
         containerd_config = opts.str("containerd_config", "/etc/containerd/config.toml")
-        max_size = opts.int("max_file_size", 1 << 20, minimum=1)
+        max_size = opts.int("max_file_size", 1 << 20, minimum=1, maximum=MAX_FILE_SIZE)
         follow = opts.choice("follow_symlinks", (FOLLOW_INSIDE, FOLLOW_ROOT_OWNED), FOLLOW_INSIDE)
         notify = Notifier.from_options(opts.table("notify"), f"{where} notify")
         opts.finish()

@@ -19,6 +19,7 @@ from pathlib import Path
 import aiofiles
 
 from ._hosts import is_valid_host
+from ._links import FOLLOW_INSIDE, FOLLOW_ROOT_OWNED, Refused, open_drop_in
 from ._merge import merge
 from ._model import Diagnostic, FileConfig, InputError
 from ._render import CertFiles, Rendered, render
@@ -26,13 +27,6 @@ from ._validate import load_file
 from ._yaml import YamlConfig, load_yaml
 
 __all__ = ["FOLLOW_INSIDE", "FOLLOW_ROOT_OWNED", "Inputs", "Outcome", "Snapshot", "evaluate", "read_snapshot"]
-
-FOLLOW_INSIDE = "inside"
-"""Symlinked drop-ins are read only when they resolve inside the drop-in folder (the default)."""
-FOLLOW_ROOT_OWNED = "root-owned"
-"""Also read drop-ins that resolve elsewhere when every link on the way and the file are root's (NixOS)."""
-_MAX_HOPS = 40  # Linux's MAXSYMLINKS
-
 
 @dataclass(frozen=True, slots=True)
 class Inputs:
@@ -76,54 +70,15 @@ class Outcome:
     inputs: tuple[Path, ...]
 
 
-def _outside_link_problem(path: Path, target: Path, inside: Path, follow: str) -> str | None:
-    """Why the drop-in ``path``, a symlink resolving to ``target`` outside ``inside``, is refused.
-
-    Under :data:`FOLLOW_ROOT_OWNED` every link of the chain must be owned by root, so only
-    root can point the drop-in elsewhere; the file itself is checked once opened.
-    """
-    if follow != FOLLOW_ROOT_OWNED:
-        return f"symlink points outside {inside} (to {target}); refused"
-    hop = path
-    for _ in range(_MAX_HOPS):
-        st = os.lstat(hop)
-        if not stat.S_ISLNK(st.st_mode):
-            return None
-        if st.st_uid != 0:
-            return f"symlink {hop} (on the way to {target}) is owned by uid {st.st_uid}, not root; refused"
-        hop = hop.parent / os.readlink(hop)
-    return f"more than {_MAX_HOPS} symlinks on the way to {target}; refused"
-
-
-def _link_problem(path: Path, inside: Path, follow: str) -> tuple[str | None, Path | None]:
-    """Whether the drop-in ``path`` may be read: ``(refusal or None, outside target or None)``.
-
-    An outside target that is allowed is read only when the file turns out to be root's.
-    """
-    if not path.is_symlink():
-        return None, None
-    target = path.resolve()
-    if target.is_relative_to(inside.resolve()):
-        return None, None
-    return _outside_link_problem(path, target, inside, follow), target
-
-
-class _Refused(Exception):
-    """A drop-in that must not be opened; the message says why."""
-
-
 def _opener(inside: Path | None, follow: str, outside: list[Path]) -> Callable[[str, int], int]:
-    """An ``open()`` opener that checks a drop-in's symlink in the same executor call as the open."""
+    """An ``open()`` opener that checks a drop-in's symlinks in the same executor call as the open."""
 
     def open_checked(name: str, flags: int) -> int:
-        if inside is not None:
-            problem, target = _link_problem(Path(name), inside, follow)
-            if problem is not None:
-                raise _Refused(problem)
-            if target is not None:
-                outside.append(target)
         # O_NONBLOCK: a FIFO dropped in as x.conf must not hang the reader; it is refused below.
-        return os.open(name, flags | os.O_NONBLOCK | os.O_CLOEXEC)
+        flags |= os.O_NONBLOCK | os.O_CLOEXEC
+        if inside is None:
+            return os.open(name, flags)
+        return open_drop_in(Path(name), inside, follow, flags, outside)
 
     return open_checked
 
@@ -144,7 +99,7 @@ async def _read(
             if st.st_size > limit:
                 return None, [Diagnostic(path, "", f"file too large: {st.st_size} bytes, limit {limit}")]
             data = await f.read(limit + 1)
-    except _Refused as exc:
+    except Refused as exc:
         return None, [Diagnostic(path, "", str(exc))]
     except FileNotFoundError:
         return None, []
