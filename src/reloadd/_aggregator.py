@@ -221,6 +221,8 @@ class Aggregator:
             return None
         del self._pending[key]
         self._per_consumer[key[0]] -= 1
+        if not self._pending:
+            self._pending = {}  # a dict never shrinks: drop a burst's table (5 MiB at 100k paths)
         return p
 
     def requeue(self, key: Key, now: float) -> None:

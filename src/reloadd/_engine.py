@@ -39,7 +39,7 @@ log = logging.getLogger("reloadd.engine")
 
 _OFFLOAD = 64  # probes beyond this many go to a worker thread
 _STEP = 4096  # keys settled, or observed after a walk, per turn of the event loop
-_OWNS_CACHE = 1 << 20
+_OWNS_CACHE = 1 << 15  # memoised filter verdicts; recorded paths never need one
 
 
 @dataclass
@@ -411,36 +411,88 @@ def _diff(
 
     The common case, a file whose fingerprint equals its record, costs one dict
     lookup and one tuple comparison; the filter is consulted only for the rest.
+    The walk hands its entries over in chunks (:data:`SCAN_CHUNK`), so memory does
+    not grow with the tree. Paths gone since they were acknowledged are found by
+    counting: when every path recorded (under the scope) before the walk was met on
+    it, none is gone; otherwise (rare: a delete inotify did not report, or one still
+    being handled) the tree's paths are listed once more to name them.
     """
-    found: dict[str, tuple[int, int, int, int]] = {}
     errors: dict[str, str] = {}
+    tops = [top for top, _, _ in jobs]
+    overlap = any(i != j and (a == b or a.startswith(b.rstrip("/") + "/"))
+                  for i, a in enumerate(tops) for j, b in enumerate(tops))
+    compares = [_Compare(v, scopes, forced, overlap) for v in views]
+
+    def sink(found: dict[str, tuple[int, int, int, int]]) -> None:
+        for c in compares:
+            c.take(found)
+
     for top, root, recursive in jobs:
-        scan(top, root, recursive, found, errors)
+        found: dict[str, tuple[int, int, int, int]] = {}
+        scan(top, root, recursive, found, errors, sink)
+        sink(found)
     out = _Diff()
     warned: set[str] = set()
-    for v in views:
-        name, records, owned, queued, held = v.name, v.records, v.owned, v.queued, v.agg
-        observe: dict[str, None] = {}
-        for key, fp in found.items():
-            rec = records.get(key)
-            if not forced and rec is not None and rec.fingerprint == fp:
-                continue  # acknowledged as it is (a held key is taken up below)
-            if owned(key) and (forced or (name, key) in held or queued(key, _MISSING) != fp):
-                observe[key] = None  # differs from what was acknowledged and what is queued
-        for held_name, key in held.keys_snapshot():
-            if held_name == name and key in found and owned(key):
-                observe[key] = None
+    everything: set[str] | None = None
+    for c in compares:
         for key, error in errors.items():
-            if owned(key) and key not in warned:
+            if c.view.owned(key) and key not in warned:
                 warned.add(key)
                 out.errors.append((key, error))
-        roots = scopes if scopes is not None else [str(r) for r in v.filter.roots]
-        prefixes = tuple(r if r.endswith("/") else r + "/" for r in roots)
-        for key in list(records):  # one atomic copy of the keys, not of the records
-            if key not in found and (key in roots or key.startswith(prefixes)):
-                observe[key] = None  # gone (or no longer a regular file)
-        out.observe.extend((name, key) for key in observe)
+        in_scope = [key for key in c.before if c.covers(key)]
+        if len(in_scope) != c.met:
+            if everything is None:
+                listed: dict[str, tuple[int, int, int, int]] = {}
+                for top, root, recursive in jobs:
+                    scan(top, root, recursive, listed, {})
+                everything = set(listed)
+            for key in in_scope:
+                if key not in everything:
+                    c.observe[key] = None  # gone (or no longer a regular file)
+        out.observe.extend((c.view.name, key) for key in c.observe)
     return out
+
+
+class _Compare:
+    """One consumer's side of a rescan: what to observe, and how many of its records were met."""
+
+    def __init__(self, view: _View, scopes: list[str] | None, forced: bool, overlap: bool) -> None:
+        self.view = view
+        self.forced = forced
+        self.observe: dict[str, None] = {}
+        self.met = 0
+        self.met_keys: set[str] | None = set() if overlap else None  # walks overlap: a path may be met twice
+        roots = scopes if scopes is not None else [str(r) for r in view.filter.roots]
+        self.roots = frozenset(roots)
+        self.prefixes = tuple(r if r.endswith("/") else r + "/" for r in roots)
+        self.held = {key for name, key in view.agg.keys_snapshot() if name == view.name}
+        self.before = set(view.records)  # one atomic copy of the keys (references, not new strings)
+
+    def covers(self, key: str) -> bool:
+        return key in self.roots or key.startswith(self.prefixes)
+
+    def take(self, found: dict[str, tuple[int, int, int, int]]) -> None:
+        records, owned, queued, held, forced, before = (
+            self.view.records, self.view.owned, self.view.queued, self.held, self.forced, self.before
+        )
+        observe = self.observe
+        met = 0
+        for key, fp in found.items():
+            rec = records.get(key)
+            if rec is not None:
+                if key in before and (key in self.roots or key.startswith(self.prefixes)):
+                    if self.met_keys is None:
+                        met += 1
+                    elif key not in self.met_keys:
+                        self.met_keys.add(key)
+                        met += 1
+                if not forced and rec.fingerprint == fp:
+                    if held and key in held and owned(key):
+                        observe[key] = None  # acknowledged as it is, but held: taken up again
+                    continue
+            if owned(key) and (forced or key in held or queued(key, _MISSING) != fp):
+                observe[key] = None  # differs from what was acknowledged and what is queued
+        self.met += met
 
 
 _MISSING: object = object()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,8 @@ from ._types import Fingerprint
 __all__ = ["DigestCache", "Probe", "probe", "scan", "walk"]
 
 _CHUNK = 1 << 20
+SCAN_CHUNK = 4096
+"""Entries a :func:`scan` with a sink holds at most before handing them over."""
 _NOT_REGULAR = "not a regular file (FIFO, socket or device); ignored"
 
 
@@ -97,7 +99,12 @@ def walk(top: Path, root: Path, *, recursive: bool = True) -> Iterator[tuple[Pat
 
 
 def scan(
-    top: str, root: str, recursive: bool, found: dict[str, tuple[int, int, int, int]], errors: dict[str, str]
+    top: str,
+    root: str,
+    recursive: bool,
+    found: dict[str, tuple[int, int, int, int]],
+    errors: dict[str, str],
+    sink: Callable[[dict[str, tuple[int, int, int, int]]], None] | None = None,
 ) -> None:
     """:func:`walk` for the periodic rescan: fill ``found`` (path -> fingerprint tuple) and ``errors``.
 
@@ -106,6 +113,10 @@ def scan(
     descriptor (no path resolution per file, no ``DirEntry`` per file), and nothing
     is kept per entry but its path string and fingerprint tuple (equal to a
     :class:`Fingerprint`). Blocking.
+
+    With ``sink``, ``found`` is handed to it and emptied whenever it holds
+    :data:`SCAN_CHUNK` entries or more, so a walk of 100k files never holds them all
+    (the caller hands over what is left at the end).
     """
     try:
         st = os.stat(top) if top == root else os.lstat(top)  # a root may be a symlink to its directory
@@ -114,7 +125,6 @@ def scan(
     if not stat.S_ISDIR(st.st_mode):
         _probe_into(top, root, found, errors)
         return
-    lstat, is_reg, is_dir, is_lnk = os.lstat, stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     stack = [top]
     while stack:
@@ -126,27 +136,45 @@ def scan(
         try:
             names = os.listdir(fd)
             prefix = d if d.endswith("/") else d + "/"
-            for name in names:
-                if name.startswith(".."):
-                    continue  # kubelet's bookkeeping, file or directory (is_kubelet_internal)
-                try:
-                    est = lstat(name, dir_fd=fd)
-                except OSError:
-                    continue
-                mode = est.st_mode
-                if is_reg(mode):
-                    found[prefix + name] = (est.st_ino, est.st_size, est.st_mtime_ns, est.st_ctime_ns)
-                elif is_dir(mode):
-                    if recursive:
-                        stack.append(prefix + name)
-                elif is_lnk(mode):
-                    _probe_into(prefix + name, root, found, errors)
-                else:
-                    errors[prefix + name] = _NOT_REGULAR
+            for start in range(0, len(names), SCAN_CHUNK):
+                _scan_names(names[start : start + SCAN_CHUNK], prefix, fd, root, recursive, found, errors, stack)
+                if sink is not None and len(found) >= SCAN_CHUNK:
+                    sink(found)
+                    found.clear()
         except OSError:
             continue
         finally:
             os.close(fd)
+
+
+def _scan_names(
+    names: list[str],
+    prefix: str,
+    fd: int,
+    root: str,
+    recursive: bool,
+    found: dict[str, tuple[int, int, int, int]],
+    errors: dict[str, str],
+    stack: list[str],
+) -> None:
+    lstat, is_reg, is_dir, is_lnk = os.lstat, stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK
+    for name in names:
+        if name.startswith(".."):
+            continue  # kubelet's bookkeeping, file or directory (is_kubelet_internal)
+        try:
+            est = lstat(name, dir_fd=fd)
+        except OSError:
+            continue
+        mode = est.st_mode
+        if is_reg(mode):
+            found[prefix + name] = (est.st_ino, est.st_size, est.st_mtime_ns, est.st_ctime_ns)
+        elif is_dir(mode):
+            if recursive:
+                stack.append(prefix + name)
+        elif is_lnk(mode):
+            _probe_into(prefix + name, root, found, errors)
+        else:
+            errors[prefix + name] = _NOT_REGULAR
 
 
 def _probe_into(

@@ -42,10 +42,10 @@ from ._control import ControlServer
 from ._http import Health, LoopMonitor, endpoints
 from ._metrics import build_registry
 from ._sdnotify import Notifier, watchdog_interval
-from ._webserver import HttpServer, start_http
 
 if TYPE_CHECKING:
     from ._reloader import Reloader
+    from ._webserver import HttpServer
 
 __all__ = ["Services", "services"]
 
@@ -165,6 +165,8 @@ async def services(reloader: Reloader, *, notify_socket: str | None = None) -> A
     control: ControlServer | None = None
     try:
         if cfg.metrics_listen:
+            from ._webserver import start_http  # aiohttp (~25 MiB) only when HTTP is served
+
             http = await start_http(cfg.metrics_listen, endpoints(health, registry))
             svc.http_address = http.address
             svc.http = http
