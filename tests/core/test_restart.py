@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from reloadd import ChangeKind, Reason, Reloader, parse_config
+
 pytestmark = pytest.mark.timeout(90)
 
 HOOK = textwrap.dedent(
@@ -91,3 +93,36 @@ async def test_kill_9_during_batch_then_restart(tmp_path):
     assert sum("a.conf" in line for line in lines) == 1, lines
     assert sum("b.conf" in line for line in lines) == 1, lines
     assert "startup added block.conf" in lines, lines  # never acknowledged: handed over again
+
+
+async def test_deletes_while_stopped_are_found_with_overlapping_roots(tmp_path, recorder_cls):
+    """Paths removed while stopped are delivered as deletes at start, also when two consumers walk the same tree."""
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    names = [f"f{i}.conf" for i in range(10)]
+    for n in names:
+        (root / n).write_text(n)
+        (root / "sub" / n).write_text(n)
+    cfg = parse_config({"reloadd": {"state_dir": str(tmp_path / "state"), "quiet": "50ms"}})
+
+    def consumers():
+        deep = recorder_cls([root], name="deep")
+        flat = recorder_cls([root], name="flat", recursive=False)  # the same top, walked twice
+        return deep, flat
+
+    deep, flat = consumers()
+    async with Reloader(cfg, consumers=[deep, flat]) as r:
+        await r.wait_idle(10)
+    assert len(deep.changes) == 20 and len(flat.changes) == 10
+    (root / "f3.conf").unlink()
+    (root / "sub" / "f7.conf").unlink()
+    deep, flat = consumers()
+    async with Reloader(cfg, consumers=[deep, flat]) as r:
+        await r.wait_idle(10)
+        gone = {(c.path.relative_to(root).as_posix(), c.kind) for c in deep.changes}
+        assert gone == {("f3.conf", ChangeKind.DELETED), ("sub/f7.conf", ChangeKind.DELETED)}
+        assert {(c.path.name, c.kind) for c in flat.changes} == {("f3.conf", ChangeKind.DELETED)}
+        # and a rescan with nothing gone observes nothing
+        await r.engine.reconcile(None, Reason.RESCAN)
+        await r.wait_idle(10)
+        assert len(deep.changes) == 2 and len(flat.changes) == 1
