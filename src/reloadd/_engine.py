@@ -439,7 +439,7 @@ def _diff(
             if c.view.owned(key) and key not in warned:
                 warned.add(key)
                 out.errors.append((key, error))
-        in_scope = [key for key in c.before if c.covers(key)]
+        in_scope = c.before
         if len(in_scope) != c.met:
             if everything is None:
                 listed: dict[str, tuple[int, int, int, int]] = {}
@@ -466,10 +466,9 @@ class _Compare:
         self.roots = frozenset(roots)
         self.prefixes = tuple(r if r.endswith("/") else r + "/" for r in roots)
         self.held = {key for name, key in view.agg.keys_snapshot() if name == view.name}
-        self.before = set(view.records)  # one atomic copy of the keys (references, not new strings)
-
-    def covers(self, key: str) -> bool:
-        return key in self.roots or key.startswith(self.prefixes)
+        # The recorded paths under the scope, as the walk starts: one atomic copy of the keys (references,
+        # not new strings), filtered once here so a path met on the walk costs one set lookup.
+        self.before = {key for key in list(view.records) if key in self.roots or key.startswith(self.prefixes)}
 
     def take(self, found: dict[str, tuple[int, int, int, int]]) -> None:
         records, owned, queued, held, forced, before = (
@@ -480,7 +479,7 @@ class _Compare:
         for key, fp in found.items():
             rec = records.get(key)
             if rec is not None:
-                if key in before and (key in self.roots or key.startswith(self.prefixes)):
+                if key in before:
                     if self.met_keys is None:
                         met += 1
                     elif key not in self.met_keys:
