@@ -419,8 +419,7 @@ def _diff(
     """
     errors: dict[str, str] = {}
     tops = [top for top, _, _ in jobs]
-    overlap = any(i != j and (a == b or a.startswith(b.rstrip("/") + "/"))
-                  for i, a in enumerate(tops) for j, b in enumerate(tops))
+    overlap = any(i != j and under(a, b) for i, a in enumerate(tops) for j, b in enumerate(tops))
     compares = [_Compare(v, scopes, forced, overlap) for v in views]
 
     def sink(found: dict[str, tuple[int, int, int, int]]) -> None:

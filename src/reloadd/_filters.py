@@ -79,14 +79,10 @@ class PathFilter:
 
     def matches(self, path: str) -> bool:
         """:meth:`__call__` for a path string (absolute, normalised): no ``Path`` is built."""
-        root = ""
-        depth = -1
-        for r in self.roots:
-            rs = str(r)
-            if (path == rs or path.startswith(rs if rs.endswith("/") else rs + "/")) and len(r.parts) > depth:
-                root, depth = rs, len(r.parts)
-        if depth < 0:
+        best = self.root_of(path)
+        if best is None:
             return False
+        root = str(best)
         if path == root:
             return True  # a file root is always wanted
         rel = path[len(root):].lstrip("/")

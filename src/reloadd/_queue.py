@@ -425,7 +425,7 @@ class WorkQueue:
                 if len(items) == 1:
                     results = {changes[0].path: self._map_error(exc, changes[0].path)}
                 else:
-                    rest = tuple(c for c in changes if str(c.path) not in settled)
+                    rest = tuple(c for i, c in zip(items, changes, strict=True) if i.key not in settled)
                     results = await self._one_by_one(replace(batch, changes=rest), exc) if rest else {}
         except asyncio.CancelledError:
             for item in items:  # abandoned, not lost: still unacknowledged on disk

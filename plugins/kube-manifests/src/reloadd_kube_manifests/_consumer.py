@@ -283,13 +283,12 @@ class KubeManifestsConsumer(BaseConsumer):
             self.log.debug("Failed to apply %s (retried when it changes, or on SIGHUP): %s", path, exc)
             return Reject(str(exc))
         except TransientError as exc:
-            self.log.debug("Failed to %s %s (will retry): %s", verb, path, exc)
-            self.log.debug("Failure of %s", path, exc_info=True)
+            self.log.debug("Failed to %s %s (will retry): %s", verb, path, exc, exc_info=True)
             return Retry(str(exc), after=getattr(exc, "retry_after", None))
         except ReloaddError as exc:
             self.stats["files_failed"] += 1
-            self.log.debug("Failed to %s %s (retried when it changes, or on SIGHUP): %s", verb, path, exc)
-            self.log.debug("Failure of %s", path, exc_info=True)
+            self.log.debug("Failed to %s %s (retried when it changes, or on SIGHUP): %s", verb, path, exc,
+                           exc_info=True)
             return Reject(str(exc))
 
     async def _move_wait(self, applier: Applier, path: Path, claimed: set[ObjRef]) -> float:
