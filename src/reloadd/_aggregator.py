@@ -47,6 +47,7 @@ class Pending:
     verify: bool = False
     seen: object = _UNSET  # Fingerprint | None at the previous probe, or _UNSET
     events: int = 1
+    queued: float | None = None  # when its one live heap entry falls due; None while out for a probe
 
 
 class Aggregator:
@@ -142,7 +143,10 @@ class Aggregator:
             p.writing = writing
             if not verify:
                 p.verify = False
-        self._push(key, p)
+        if p.queued is None or self._due_at(key, p) < p.queued:
+            self._push(key, p)
+        # else its live heap entry comes up first and is moved on to the later time then: one entry
+        # per held path, not one per event (a burst of 100k files is 300k events)
 
     def _due_at(self, key: Key, p: Pending) -> float:
         t = self._timings.get(key[0], self._default)
@@ -153,38 +157,40 @@ class Aggregator:
         return min(p.last + t.quiet, max(p.first + t.max_delay, p.last))
 
     def _push(self, key: Key, p: Pending) -> None:
-        heapq.heappush(self._heap, (self._due_at(key, p), next(self._seq), key))
+        p.queued = when = self._due_at(key, p)
+        heapq.heappush(self._heap, (when, next(self._seq), key))
+
+    def _top(self) -> tuple[float, Key, Pending] | None:
+        """The earliest live heap entry, with stale ones dropped and late ones moved on."""
+        heap = self._heap
+        while heap:
+            when, _, key = heap[0]
+            p = self._pending.get(key)
+            if p is None or p.queued != when:
+                heapq.heappop(heap)  # superseded by an earlier entry, or released
+                continue
+            if self._due_at(key, p) != when:  # events since pushed it later (or a timing changed)
+                heapq.heappop(heap)
+                self._push(key, p)
+                continue
+            return when, key, p
+        return None
 
     def next_deadline(self) -> float | None:
         """When the earliest held key becomes due, or ``None`` when nothing is held."""
-        while self._heap:
-            when, _, key = self._heap[0]
-            p = self._pending.get(key)
-            if p is None or self._due_at(key, p) != when:
-                heapq.heappop(self._heap)  # stale entry
-                continue
-            return when
-        return None
+        top = self._top()
+        return None if top is None else top[0]
 
     def due(self, now: float, limit: int | None = None) -> list[Key]:
         """Keys whose settle time has come (they stay held until :meth:`probed`)."""
         out: list[Key] = []
-        seen: set[Key] = set()
-        while self._heap and (limit is None or len(out) < limit):
-            when, _, key = self._heap[0]
-            p = self._pending.get(key)
-            if p is None or key in seen:
-                heapq.heappop(self._heap)
-                continue
-            actual = self._due_at(key, p)
-            if actual != when:
-                heapq.heappop(self._heap)
-                continue
-            if when > now:
+        while limit is None or len(out) < limit:
+            top = self._top()
+            if top is None or top[0] > now:
                 break
             heapq.heappop(self._heap)
-            seen.add(key)
-            out.append(key)
+            top[2].queued = None
+            out.append(top[1])
         return out
 
     def distrust_writers(self, now: float) -> int:

@@ -289,6 +289,9 @@ class Engine:
             slot = self.slots.get(name)
             if slot is not None and (key in slot.records.by_str or slot.owns(key)):
                 self.agg.observe((name, key), now, reason=reason, forced=forced, verify=True)
+        for slot in slots:
+            if len(slot._owns) > _OWNS_CACHE:
+                slot._owns = {}  # the walk's verdicts served their observations: drop a 100k-path table
 
     def _warn(self, path: str, error: str) -> None:
         if self._warned.get(path) != error:
@@ -470,27 +473,26 @@ class _Compare:
         self.before = {key for key in list(view.records) if key in self.roots or key.startswith(self.prefixes)}
 
     def take(self, found: dict[str, tuple[int, int, int, int]]) -> None:
-        records, owned, queued, held, forced, before = (
-            self.view.records, self.view.owned, self.view.queued, self.held, self.forced, self.before
-        )
-        observe = self.observe
-        met = 0
+        owned, queued, held, observe = self.view.owned, self.view.queued, self.held, self.observe
+        met = self.before.intersection(found)  # in C: the recorded paths this chunk met
+        if self.met_keys is not None:
+            met -= self.met_keys
+            self.met_keys |= met
+        self.met += len(met)
+        if self.forced:
+            for key in found:
+                if owned(key):
+                    observe[key] = None
+            return
+        get = self.view.records.get
         for key, fp in found.items():
-            rec = records.get(key)
-            if rec is not None:
-                if key in before:
-                    if self.met_keys is None:
-                        met += 1
-                    elif key not in self.met_keys:
-                        self.met_keys.add(key)
-                        met += 1
-                if not forced and rec.fingerprint == fp:
-                    if held and key in held and owned(key):
-                        observe[key] = None  # acknowledged as it is, but held: taken up again
-                    continue
-            if owned(key) and (forced or key in held or queued(key, _MISSING) != fp):
+            rec = get(key)
+            if rec is not None and rec.fingerprint == fp:
+                if held and key in held and owned(key):
+                    observe[key] = None  # acknowledged as it is, but held: taken up again
+                continue
+            if owned(key) and (key in held or queued(key, _MISSING) != fp):
                 observe[key] = None  # differs from what was acknowledged and what is queued
-        self.met += met
 
 
 _MISSING: object = object()

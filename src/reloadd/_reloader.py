@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._aggregator import Aggregator, Timing
 from ._building import PrivateDirs, Trigger, bind, build_consumer, embedded_config, path_filter, records_for
@@ -29,11 +29,13 @@ from ._errors import ConfigError, WatchLimitError
 from ._order import check_after, group_matcher
 from ._plugins import SOURCE_GROUP, load
 from ._queue import WorkQueue
-from ._services import Services, services
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import RecordStore, lock_state_dir
 from ._supervisor import supervise
 from ._watch import Watch, WatchState
+
+if TYPE_CHECKING:
+    from ._services import Services
 
 __all__ = ["Reloader"]
 
@@ -88,6 +90,7 @@ class Reloader:
         self.watch = Watch()
         """The watch state (one value read by status, /readyz, /healthz, metrics and systemd)."""
         self._ready = False
+        self._notify_soon: asyncio.AbstractEventLoop | None = None  # a run of _notify_now is scheduled there
         self._started = False
         self._closed = False
         self._lock: int | None = None
@@ -155,6 +158,8 @@ class Reloader:
         self._loop = asyncio.get_running_loop()
         try:
             if self._serve_ops:
+                from ._services import services  # prometheus-client (~5 MiB) only when ops are served
+
                 await self._ops_stack.enter_async_context(services(self, notify_socket=""))
             elif self.ops is None and (self.config.metrics_listen or self.config.control_socket):
                 log.warning(
@@ -347,6 +352,23 @@ class Reloader:
             loop.call_soon_threadsafe(fn, *args)
 
     def _notify(self) -> None:
+        """Something changed: wake the waiters and re-check the queues, once per turn of the loop.
+
+        The engine and the queues call this for every event and item (300k times in a burst
+        of 100k files); one run per turn sees the same state.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._notify_now()
+            return
+        if self._notify_soon is loop:
+            return
+        self._notify_soon = loop
+        loop.call_soon(self._notify_now)
+
+    def _notify_now(self) -> None:
+        self._notify_soon = None
         self._update_ready()
         self._changed.set()
         engine = self._engine

@@ -45,6 +45,19 @@ def test_max_delay_caps_a_path_that_keeps_changing():
     assert a.due(t) == [K]
 
 
+def test_settle_table_holds_one_entry_per_path_not_per_event():
+    # A burst of 100k files is 300k events: memory must follow the paths held, not the events.
+    a = agg()
+    keys = [("c", f"/r/f{i}") for i in range(100)]
+    for step in range(30):
+        for k in keys:
+            a.observe(k, step * 0.01, reason=Reason.INOTIFY, writing=step % 3 == 0)
+    assert len(a._heap) <= 2 * len(keys)
+    assert a.due(0.48) == []  # the last event of each (a close at 0.29) restarted its quiet period
+    assert sorted(a.due(0.50)) == sorted(keys)
+    assert a.due(10.0) == []  # each released once, until probed
+
+
 def test_open_writer_is_held_until_it_closes():
     a = agg()
     a.observe(K, 0.0, reason=Reason.INOTIFY, writing=True)

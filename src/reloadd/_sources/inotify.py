@@ -319,8 +319,15 @@ class InotifySource:
             again = self._recover_again
 
     async def _handle_buffer(self, data: bytes) -> None:
-        """Parse one read of ``struct inotify_event`` records and act on each, in order."""
+        """Parse one read of ``struct inotify_event`` records and act on them, in order.
+
+        Plain file events are folded per path until the next event of another sort (or
+        the end of the read): a file written in one go is CREATE, MODIFY, CLOSE_WRITE,
+        which the engine would fold into the same one settle anyway, so it gets one
+        event here, as the last of them says (and no stat for the CREATE).
+        """
         unpack, size, end, off = _HEADER.unpack_from, _HEADER.size, len(data), 0
+        run: dict[str, object] = {}
         while off + size <= end:
             wd, mask, _cookie, length = unpack(data, off)
             off += size
@@ -332,34 +339,38 @@ class InotifySource:
                 del self._by_wd[wd]  # the kernel forgot the wd: it may be handed out again
                 self._forget(wd)
             if mask & _SPECIAL or held is None or not name:
+                self._emit_run(run)
                 await self._handle(wd, held[0] if held is not None else None, mask, name)
                 continue
             # The hot path: an event about a file in a watched directory.
             path = held[1] + name
             if name.startswith(".."):
                 if name.startswith("..data"):
+                    self._emit_run(run)
                     self._emit(EventKind.SUBTREE, held[0].path)  # a ConfigMap swap changes every key
                 continue
             if mask & _STRUCTURAL and (self._waiting or path in self._root_strs):
+                self._emit_run(run)
                 await self._handle(wd, held[0], mask, name)
                 continue
-            self._emit_file(mask, path)
+            run[path] = _kind_of(mask, run.get(path))
+        self._emit_run(run)
+
+    def _emit_run(self, run: dict[str, object]) -> None:
+        """Emit the folded file events of ``run`` (in the order their paths first came) and empty it."""
+        emit, name = self.ctx.emit, self.name
+        for path, kind in run.items():
+            if isinstance(kind, _Created):
+                kind = EventKind.WRITING if _fresh_file(path) else kind.before or EventKind.TOUCHED
+            assert isinstance(kind, EventKind)
+            emit(SourceEvent(kind, path, name))
+        run.clear()
 
     def _forget(self, wd: int) -> None:
         """Drop asyncinotify's own reference to a watch the kernel removed (its reader would have)."""
         watches = getattr(self._ino, "_watches", None)
         if isinstance(watches, dict):
             watches.pop(wd, None)
-
-    def _emit_file(self, mask: int, path: str) -> None:
-        if mask & _DONE:
-            self._emit(EventKind.WRITTEN, path)
-        elif mask & _GONE:
-            self._emit(EventKind.GONE, path)
-        elif mask & _MODIFY or (mask & _CREATE and _fresh_file(path)):
-            self._emit(EventKind.WRITING, path)
-        else:
-            self._emit(EventKind.TOUCHED, path)
 
     async def _handle(self, wd: int, watch: Watch | None, mask: int, name: str) -> None:
         """Everything but the plain file event: overflows, lost watches, directories, roots."""
@@ -408,7 +419,7 @@ class InotifySource:
             if root is not None and (path.is_dir() or path in self._by_path):
                 await self._rearm_roots_near(path)  # a root symlink retargeted, or replaced
                 return
-        self._emit_file(mask, str(path))
+        self._emit_run({str(path): _kind_of(mask, None)})
 
     async def _maybe_waiting(self, path: Path) -> None:
         """A component of a root that did not exist appeared: arm that root again."""
@@ -441,6 +452,28 @@ class InotifySource:
                 await self._rearm_roots_near(path)
             else:
                 self._emit(EventKind.SUBTREE, path)
+
+
+def _kind_of(mask: int, before: object) -> object:
+    """What a file event makes of a path that had ``before`` (a kind or ``_Created``) in this run."""
+    if mask & _DONE:
+        return EventKind.WRITTEN
+    if mask & _GONE:
+        return EventKind.GONE
+    if mask & _MODIFY:
+        return EventKind.WRITING
+    if mask & _CREATE:
+        return _Created(before)  # a writer holds it if it is still empty: stat when the run is emitted
+    return EventKind.TOUCHED if before is None else before
+
+
+class _Created:
+    """A CREATE folded in a run: WRITING if the file is still empty, else what came ``before`` it."""
+
+    __slots__ = ("before",)
+
+    def __init__(self, before: object) -> None:
+        self.before = before if isinstance(before, EventKind) else None
 
 
 def _fresh_file(path: Path | str) -> bool:
