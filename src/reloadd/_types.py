@@ -74,7 +74,9 @@ class Fingerprint(NamedTuple):
     @classmethod
     def from_stat(cls, st: os.stat_result) -> Fingerprint:
         """Build a fingerprint from an ``os.stat`` result."""
-        return cls(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
+        # A file written and left alone has ctime == mtime: hold one int, not two equal ones (36 B a path).
+        return cls(st.st_ino, st.st_size, mtime, mtime if ctime == mtime else ctime)
 
     def to_json(self) -> list[int]:
         """A compact JSON form, ``[ino, size, mtime_ns, ctime_ns]``."""
@@ -84,7 +86,7 @@ class Fingerprint(NamedTuple):
     def from_json(cls, value: JSONValue) -> Fingerprint:
         """Inverse of :meth:`to_json`."""
         ino, size, mtime_ns, ctime_ns = (int(v) for v in value)
-        return cls(ino, size, mtime_ns, ctime_ns)
+        return cls(ino, size, mtime_ns, mtime_ns if ctime_ns == mtime_ns else ctime_ns)
 
 
 @dataclass(frozen=True, slots=True)
