@@ -15,7 +15,7 @@ build_info                                     gauge    version, python
 ready, watch_armed, watch_degraded             gauge    (ready: as /readyz answers)
 watches                                        gauge    (inotify watches held)
 event_loop_lag_seconds                         gauge    (when the HTTP listener runs)
-events_total                                   counter  source, kind
+events_total                                   counter  source, kind (inotify: one per path per read)
 changes_coalesced_total                        counter  (events folded into a pending path)
 changes_handed_over_total                      counter  (settled paths put on a queue)
 overflows_total, resyncs_total                 counter

@@ -167,3 +167,36 @@ async def test_pump_failure_is_restarted_and_nothing_lost(tmp_path, recorder_cls
     (root / "a.conf").write_text("its event is in the batch that fails")
     await rec.wait_path(root / "a.conf")
     assert failed and "Source pump failed, rebuilding the watch: injected pump failure" in caplog.text
+
+
+async def test_file_events_of_one_read_are_folded_per_path(tmp_path):
+    # What the engine acts on is the last word per path in a read, in the order the paths came:
+    # a file written in one go (CREATE, MODIFY, CLOSE_WRITE) is one WRITTEN, a file created empty
+    # whose writer still has it open is WRITING, and a file deleted after its write is GONE.
+    import struct
+
+    from asyncinotify import Mask
+
+    from reloadd._sources.base import EventKind, SourceContext, WatchRoot
+    from reloadd._sources.inotify import InotifySource
+
+    got: list[tuple[EventKind, object]] = []
+    ctx = SourceContext(roots=(WatchRoot(tmp_path),), emit=lambda ev: got.append((ev.kind, ev.path)))
+    src = InotifySource(ctx)
+    src._by_wd[1] = (object(), f"{tmp_path}/")  # type: ignore[assignment]
+    (tmp_path / "held").write_bytes(b"")  # created empty, writer still at work
+
+    def ev(mask: Mask, name: str) -> bytes:
+        raw = name.encode() + b"\0" * (16 - len(name))
+        return struct.pack("iIII", 1, int(mask), 0, len(raw)) + raw
+
+    await src._handle_buffer(b"".join([
+        ev(Mask.CREATE, "whole"), ev(Mask.CREATE, "held"), ev(Mask.MODIFY, "whole"),
+        ev(Mask.CREATE, "gone"), ev(Mask.MODIFY, "gone"), ev(Mask.ATTRIB, "whole"),
+        ev(Mask.CLOSE_WRITE, "whole"), ev(Mask.CLOSE_WRITE, "gone"), ev(Mask.DELETE, "gone"),
+    ]))
+    assert got == [
+        (EventKind.WRITTEN, f"{tmp_path}/whole"),
+        (EventKind.WRITING, f"{tmp_path}/held"),
+        (EventKind.GONE, f"{tmp_path}/gone"),
+    ]

@@ -53,6 +53,7 @@ _MASK = (
     | Mask.EXCL_UNLINK
 )
 _READ_BYTES = 256 * 1024
+_GATHER = 0.004  # seconds a read waits when the previous one was this recent (a burst)
 _HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
 # Plain ints for the per-event hot path: IntFlag membership tests cost ~15x more.
 _OVERFLOW = int(Mask.Q_OVERFLOW)
@@ -147,15 +148,26 @@ class InotifySource:
         try:
             await self._arm_all()
             checker = asyncio.create_task(self._check_loop(), name="reloadd-inotify-check")
+            last_read = -float("inf")
             while True:
                 await readable.wait()
                 readable.clear()
+                if loop.time() - last_read < _GATHER:
+                    # Events are streaming in (a burst): let one window of them pile up in the kernel
+                    # and take them in one read, not a read (and a turn of the loop) per file. The
+                    # first event after a quiet spell is read at once.
+                    loop.remove_reader(fd)
+                    try:
+                        await asyncio.sleep(_GATHER)
+                    finally:
+                        loop.add_reader(fd, readable.set)
                 try:
                     data = os.read(fd, _READ_BYTES)
                 except BlockingIOError:
                     continue
                 except OSError as exc:
                     raise WatchError(f"Failed to read inotify events: {exc.strerror or exc}") from exc
+                last_read = loop.time()
                 await self._handle_buffer(data)
                 done = self._recovery
                 if done is not None and done.done():
