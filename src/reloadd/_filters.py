@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["DEFAULT_IGNORES", "PathFilter", "is_editor_dropping", "is_kubelet_internal", "under"]
@@ -65,14 +65,21 @@ class PathFilter:
     exclude: tuple[str, ...] = ()
     ignore_defaults: bool = True
     recursive: bool = True
+    _table: tuple[tuple[str, str, Path], ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # The roots as strings, deepest first (ties in the given order): root_of runs for every new path.
+        order = sorted(range(len(self.roots)), key=lambda i: -len(self.roots[i].parts))
+        table = tuple((str(self.roots[i]), str(self.roots[i]).rstrip("/") + "/", self.roots[i]) for i in order)
+        object.__setattr__(self, "_table", table)
 
     def root_of(self, path: Path | str) -> Path | None:
         """The (deepest) root ``path`` belongs to, or ``None``."""
-        best: Path | None = None
-        for root in self.roots:
-            if under(path, root) and (best is None or len(root.parts) > len(best.parts)):
-                best = root
-        return best
+        p = path if isinstance(path, str) else str(path)
+        for root, prefix, value in self._table:
+            if p == root or p.startswith(prefix):
+                return value
+        return None
 
     def __call__(self, path: Path) -> bool:
         return self.matches(str(path))

@@ -6,6 +6,7 @@ Everything here is blocking and meant to run in a worker thread.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -109,7 +110,7 @@ def scan(
     """:func:`walk` for the periodic rescan: fill ``found`` (path -> fingerprint tuple) and ``errors``.
 
     The same rules as :func:`walk` at close to ``find``'s cost: each directory is
-    opened once, its names listed and each ``lstat``-ed relative to the directory's
+    opened once, its names read in chunks and each ``lstat``-ed relative to the directory's
     descriptor (no path resolution per file, no ``DirEntry`` per file), and nothing
     is kept per entry but its path string and fingerprint tuple (equal to a
     :class:`Fingerprint`). Blocking.
@@ -134,13 +135,13 @@ def scan(
         except OSError:
             continue
         try:
-            names = os.listdir(fd)
             prefix = d if d.endswith("/") else d + "/"
-            for start in range(0, len(names), SCAN_CHUNK):
-                _scan_names(names[start : start + SCAN_CHUNK], prefix, fd, root, recursive, found, errors, stack)
-                if sink is not None and len(found) >= SCAN_CHUNK:
-                    sink(found)
-                    found.clear()
+            with os.scandir(fd) as entries:  # names streamed: a 100k-file directory is never listed whole
+                while names := [e.name for e in itertools.islice(entries, SCAN_CHUNK)]:
+                    _scan_names(names, prefix, fd, root, recursive, found, errors, stack)
+                    if sink is not None and len(found) >= SCAN_CHUNK:
+                        sink(found)
+                        found.clear()
         except OSError:
             continue
         finally:
