@@ -188,6 +188,11 @@ def _probe_into(
         errors[path] = pr.error
 
 
+def _still(fd: int, fp: Fingerprint) -> bool:
+    st = os.fstat(fd)
+    return stat.S_ISREG(st.st_mode) and Fingerprint.from_stat(st) == fp
+
+
 class DigestCache:
     """SHA-256 of file contents, cached by fingerprint (bounded, oldest evicted)."""
 
@@ -212,16 +217,22 @@ class DigestCache:
         except (FileNotFoundError, NotADirectoryError):
             return None  # gone since the stat
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or Fingerprint.from_stat(st) != fp:
-                return None
-            while True:
-                chunk = os.read(fd, _CHUNK)
-                if not chunk:
-                    break
-                h.update(chunk)
-            if Fingerprint.from_stat(os.fstat(fd)) != fp:
-                return None  # written to while we read
+            # Read no more than the probed size (a device swapped in is not read for ever), then one
+            # fstat: the same inode, size and times as probed means these bytes are that content.
+            left = fp.size
+            try:
+                while left > 0:
+                    chunk = os.read(fd, min(_CHUNK, left))
+                    if not chunk:
+                        break  # shorter than probed: the fstat says it moved on
+                    h.update(chunk)
+                    left -= len(chunk)
+            except OSError:
+                if not _still(fd, fp):
+                    return None  # a directory or FIFO swapped in
+                raise
+            if not _still(fd, fp):
+                return None  # replaced, or written to before or while we read
         finally:
             os.close(fd)
         value = h.hexdigest()
