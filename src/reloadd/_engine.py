@@ -234,6 +234,7 @@ class Engine:
         for slot in self.slots.values():
             if slot.owns(key, path):
                 self.agg.observe((slot.name, key), now, reason=Reason.INOTIFY, writing=writing)
+                self.agg.coalesced += ev.folded  # folded by the source: coalesced all the same
 
     def _force(self, f: Force, now: float) -> None:
         slots = [self.slots[f.consumer]] if f.consumer in self.slots else list(self.slots.values())

@@ -181,7 +181,9 @@ async def test_file_events_of_one_read_are_folded_per_path(tmp_path):
     from reloadd._sources.inotify import InotifySource
 
     got: list[tuple[EventKind, object]] = []
-    ctx = SourceContext(roots=(WatchRoot(tmp_path),), emit=lambda ev: got.append((ev.kind, ev.path)))
+    folded: list[int] = []
+    ctx = SourceContext(roots=(WatchRoot(tmp_path),),
+                        emit=lambda ev: (got.append((ev.kind, ev.path)), folded.append(ev.folded)))
     src = InotifySource(ctx)
     src._by_wd[1] = (object(), f"{tmp_path}/")  # type: ignore[assignment]
     (tmp_path / "held").write_bytes(b"")  # created empty, writer still at work
@@ -200,3 +202,4 @@ async def test_file_events_of_one_read_are_folded_per_path(tmp_path):
         (EventKind.WRITING, f"{tmp_path}/held"),
         (EventKind.GONE, f"{tmp_path}/gone"),
     ]
+    assert folded == [3, 0, 3]  # still counted as coalesced (reloadd_changes_coalesced_total)

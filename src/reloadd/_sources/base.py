@@ -54,6 +54,8 @@ class SourceEvent:
     kind: EventKind
     path: Path | str | None = None
     source: str = ""
+    folded: int = 0
+    """Further events of the same path this one stands for (the inotify source folds each read's)."""
 
 
 @dataclass(frozen=True, slots=True)

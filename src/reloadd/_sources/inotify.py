@@ -340,6 +340,7 @@ class InotifySource:
         """
         unpack, size, end, off = _HEADER.unpack_from, _HEADER.size, len(data), 0
         run: dict[str, object] = {}
+        folded: dict[str, int] = {}
         while off + size <= end:
             wd, mask, _cookie, length = unpack(data, off)
             off += size
@@ -351,32 +352,37 @@ class InotifySource:
                 del self._by_wd[wd]  # the kernel forgot the wd: it may be handed out again
                 self._forget(wd)
             if mask & _SPECIAL or held is None or not name:
-                self._emit_run(run)
+                self._emit_run(run, folded)
                 await self._handle(wd, held[0] if held is not None else None, mask, name)
                 continue
             # The hot path: an event about a file in a watched directory.
             path = held[1] + name
             if name.startswith(".."):
                 if name.startswith("..data"):
-                    self._emit_run(run)
+                    self._emit_run(run, folded)
                     self._emit(EventKind.SUBTREE, held[0].path)  # a ConfigMap swap changes every key
                 continue
             if mask & _STRUCTURAL and (self._waiting or path in self._root_strs):
-                self._emit_run(run)
+                self._emit_run(run, folded)
                 await self._handle(wd, held[0], mask, name)
                 continue
-            run[path] = _kind_of(mask, run.get(path))
-        self._emit_run(run)
+            before = run.get(path)
+            if before is not None:
+                folded[path] = folded.get(path, 0) + 1
+            run[path] = _kind_of(mask, before)
+        self._emit_run(run, folded)
 
-    def _emit_run(self, run: dict[str, object]) -> None:
-        """Emit the folded file events of ``run`` (in the order their paths first came) and empty it."""
+    def _emit_run(self, run: dict[str, object], folded: dict[str, int] | None = None) -> None:
+        """Emit the folded file events of ``run`` (in the order their paths first came) and empty both."""
         emit, name = self.ctx.emit, self.name
         for path, kind in run.items():
             if isinstance(kind, _Created):
                 kind = EventKind.WRITING if _fresh_file(path) else kind.before or EventKind.TOUCHED
             assert isinstance(kind, EventKind)
-            emit(SourceEvent(kind, path, name))
+            emit(SourceEvent(kind, path, name, folded.get(path, 0) if folded else 0))
         run.clear()
+        if folded:
+            folded.clear()
 
     def _forget(self, wd: int) -> None:
         """Drop asyncinotify's own reference to a watch the kernel removed (its reader would have)."""
