@@ -26,7 +26,7 @@ from ._errors import (
 from ._filters import DEFAULT_IGNORES, PathFilter
 from ._options import Options, parse_duration
 from ._pidfile import read_pid_file, signal_pid_file
-from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
+from ._sources.base import Coverage, EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import atomic_write
 from ._types import (
     Ack,
@@ -84,6 +84,7 @@ __all__ = [
     "ConsumerContext",
     "ConsumerError",
     "ConsumerFactory",
+    "Coverage",
     "EventKind",
     "Fingerprint",
     "JSONValue",

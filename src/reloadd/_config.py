@@ -4,6 +4,7 @@
 [reloadd]
 state_dir = "/var/lib/reloadd"
 rescan_interval = "15s"
+full_rescan_interval = "60s"
 quiet = "200ms"
 max_delay = "5s"
 
@@ -19,6 +20,7 @@ address = "/run/containerd/containerd.sock"
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -71,6 +73,10 @@ class Config:
             restart hands every path over again, and plugins get a temporary private
             directory removed on close.
         rescan_interval: Seconds between stat walks; 0 disables them.
+        full_rescan_interval: Every file is stat-ed by a rescan at least this often. The
+            periodic rescans in between list the directories a live inotify watch covers
+            (on local file systems) without a stat per file; what no watch covers is
+            stat-ed on every rescan. At most ``rescan_interval``: every rescan is full.
         quiet: Seconds without events before a path counts as settled.
         max_delay: Cap on how long a path that keeps changing is held.
         shutdown_grace: Seconds in-flight batches get to finish on shutdown.
@@ -85,6 +91,7 @@ class Config:
 
     state_dir: Path | None
     rescan_interval: float = 15.0
+    full_rescan_interval: float = 60.0
     quiet: float = 0.2
     max_delay: float = 5.0
     shutdown_grace: float = 10.0
@@ -95,6 +102,13 @@ class Config:
     ready_max_age: float = 600.0
     consumers: tuple[ConsumerConfig, ...] = ()
     source: Path | None = None
+
+    @property
+    def full_rescan_every(self) -> int:
+        """Periodic rescans per full one (1: every rescan stats every file)."""
+        if self.rescan_interval <= 0 or self.full_rescan_interval <= self.rescan_interval:
+            return 1
+        return max(1, math.floor(self.full_rescan_interval / self.rescan_interval + 1e-9))  # never longer apart
 
 
 def load_config(path: str | Path) -> Config:
@@ -142,6 +156,7 @@ def parse_config(doc: dict[str, Any], source: Path | None = None) -> Config:
     cfg_kw: dict[str, Any] = dict(
         state_dir=state_dir,
         rescan_interval=rescan_interval,
+        full_rescan_interval=g.duration("full_rescan_interval", 60.0),
         quiet=quiet,
         max_delay=max_delay,
         shutdown_grace=g.duration("shutdown_grace", 10.0),

@@ -28,8 +28,8 @@ from ._aggregator import Aggregator, Key
 from ._consumer import BaseConsumer, Consumer
 from ._filters import PathFilter, under
 from ._queue import Item, WorkQueue
-from ._scan import DigestCache, Probe, probe, scan
-from ._sources.base import EventKind, SourceEvent
+from ._scan import DigestCache, Found, Probe, Trust, local_devices, probe, scan
+from ._sources.base import Coverage, EventKind, SourceEvent
 from ._state import RecordStore
 from ._types import Fingerprint, PathRecord, Reason
 
@@ -101,6 +101,8 @@ class EngineStats:
     overflows: int = 0
     rescans: int = 0
     rescan_seconds: float = 0.0
+    covered_rescans: int = 0
+    """Periodic rescans that took live watches on trust (a share of :attr:`rescans`)."""
     resyncs: int = 0
     handed_over: int = 0
 
@@ -113,6 +115,8 @@ class Engine:
         aggregator: The aggregator (timings per consumer already set).
         clock: Monotonic clock.
         on_change: Called after every step (idle tracking).
+        full_rescan_every: Every this many periodic rescans one stats every file; the
+            others stat only what :attr:`coverage` does not vouch for (1: all are full).
     """
 
     def __init__(
@@ -122,6 +126,7 @@ class Engine:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] = lambda: None,
+        full_rescan_every: int = 1,
     ) -> None:
         self.slots = {s.name: s for s in slots}
         self.agg = aggregator
@@ -135,6 +140,11 @@ class Engine:
         self._warned: dict[str, str] = {}
         self._in_hand: set[Key] = set()  # released by the aggregator, not yet on a queue
         self._in_hand_by: Counter[str] = Counter()
+        self.coverage = Coverage()
+        """Directories the sources report every change in (given to them in their context)."""
+        self.full_rescan_every = max(1, full_rescan_every)
+        self._since_full = 0
+        self._covered_at: dict[str, int] | None = None  # the coverage as the last full rescan began
 
     # Input -----------------------------------------------------------------------
     def emit(self, event: SourceEvent | Force) -> None:
@@ -188,6 +198,7 @@ class Engine:
         now = self.clock()
         subtrees: set[Path] = set()
         rescan: Reason | None = None
+        periodic = True  # every RESCAN asked for is the timer's (none says events were lost)
         resync = False
         resync_only: set[str] = set()
         for ev in events:
@@ -204,6 +215,7 @@ class Engine:
                 if ev.source in ("inotify", "supervisor"):  # events were lost
                     self.stats.overflows += ev.source == "inotify"
                     self.agg.distrust_writers(now)
+                periodic = periodic and ev.source == "rescan"
                 if rescan is not Reason.STARTUP:
                     rescan = Reason.STARTUP if ev.source == "startup" else Reason.RESCAN
             elif ev.kind is EventKind.RESYNC:
@@ -216,7 +228,7 @@ class Engine:
             self.stats.resyncs += 1
             await self.reconcile(None, Reason.SIGNAL, forced=True)
         elif rescan is not None:
-            await self.reconcile(None, rescan)
+            await self.reconcile(None, rescan, periodic=periodic)
         elif subtrees:
             tops = [p for p in subtrees if not any(q != p and under(p, q) for q in subtrees)]
             await self.reconcile(tops, Reason.INOTIFY)
@@ -246,9 +258,21 @@ class Engine:
 
     # Reconcile -------------------------------------------------------------------
     async def reconcile(
-        self, tops: list[Path] | None, reason: Reason, *, forced: bool = False, only: str | None = None
+        self,
+        tops: list[Path] | None,
+        reason: Reason,
+        *,
+        forced: bool = False,
+        only: str | None = None,
+        periodic: bool = False,
     ) -> None:
         """Walk ``tops`` (every root when ``None``) and observe what differs from the records.
+
+        A ``periodic`` rescan (the timer's) of every root is *covered* unless it is the
+        :attr:`full_rescan_every`-th: it stats no regular file in a directory that a live
+        watch (:attr:`coverage`) has covered, by the same arming, since before the last full
+        rescan began, and that lies on a local file system; such a directory is only listed.
+        Everything else is stat-ed on every rescan.
 
         The walk and the diff run in a worker thread. Nothing is copied per record for
         it: the thread only reads the live records and filter memo with single ``get``
@@ -272,10 +296,21 @@ class Engine:
         views = [_View(s.name, s.filter, s._owns, s.records.by_str, s.queue.queued_fingerprint, self.agg)
                  for s in slots]
         scopes = [str(t) for t in tops] if tops is not None else None
+        covered: frozenset[str] | None = None
+        if tops is None and only is None:
+            light = periodic and not forced and self._since_full + 1 < self.full_rescan_every
+            if light and self._covered_at is not None:
+                self._since_full += 1
+                now_covered = self.coverage.snapshot()
+                covered = frozenset(d for d, serial in self._covered_at.items() if now_covered.get(d) == serial)
+            else:
+                self._since_full = 0
+                self._covered_at = self.coverage.snapshot()
         started = time.perf_counter()
-        diff = await asyncio.to_thread(_diff, jobs, views, scopes, forced)
+        diff = await asyncio.to_thread(_diff, jobs, views, scopes, forced, covered)
         if tops is None:
             self.stats.rescans += 1
+            self.stats.covered_rescans += covered is not None
             self.stats.rescan_seconds += time.perf_counter() - started
         for view in views:
             slot = self.slots.get(view.name)
@@ -410,14 +445,16 @@ def _diff(
     views: list[_View],
     scopes: list[str] | None,
     forced: bool,
+    covered: frozenset[str] | None = None,
 ) -> _Diff:
     """Walk and compare with each consumer's acknowledged fingerprints (blocking).
 
     The common case, a file whose fingerprint equals its record, costs one dict
     lookup and one tuple comparison; the filter is consulted only for the rest.
     The walk hands its entries over in chunks (:data:`SCAN_CHUNK`), so memory does
-    not grow with the tree. Paths gone since they were acknowledged are found by
-    counting: when every path recorded (under the scope) before the walk was met on
+    not grow with the tree. With ``covered``, the regular files of those directories
+    (on local file systems) are met without a stat (:class:`Trust`). Paths gone since
+    they were acknowledged are found by counting: when every path recorded (under the scope) before the walk was met on
     it, none is gone; otherwise (rare: a delete inotify did not report, or one still
     being handled) the tree's paths are listed once more to name them.
     """
@@ -426,14 +463,16 @@ def _diff(
     overlap = any(i != j and under(a, b) for i, a in enumerate(tops) for j, b in enumerate(tops))
     compares = [_Compare(v, scopes, forced, overlap) for v in views]
 
-    def sink(found: dict[str, tuple[int, int, int, int]]) -> None:
+    def sink(found: Found, listed: set[str]) -> None:
         for c in compares:
-            c.take(found)
+            c.take(found, listed)
 
+    trust = Trust(covered, local_devices()) if covered else None
     for top, root, recursive in jobs:
-        found: dict[str, tuple[int, int, int, int]] = {}
-        scan(top, root, recursive, found, errors, sink)
-        sink(found)
+        found: Found = {}
+        listed: set[str] = set()
+        scan(top, root, recursive, found, errors, sink, trust, listed)
+        sink(found, listed)
     out = _Diff()
     warned: set[str] = set()
     everything: set[str] | None = None
@@ -445,10 +484,10 @@ def _diff(
         in_scope = c.before
         if len(in_scope) != c.met:
             if everything is None:
-                listed: dict[str, tuple[int, int, int, int]] = {}
+                walked: Found = {}
                 for top, root, recursive in jobs:
-                    scan(top, root, recursive, listed, {})
-                everything = set(listed)
+                    scan(top, root, recursive, walked, {})
+                everything = set(walked)
             for key in in_scope:
                 if key not in everything:
                     c.observe[key] = None  # gone (or no longer a regular file)
@@ -473,18 +512,31 @@ class _Compare:
         # not new strings), filtered once here so a path met on the walk costs one set lookup.
         self.before = {key for key in list(view.records) if key in self.roots or key.startswith(self.prefixes)}
 
-    def take(self, found: dict[str, tuple[int, int, int, int]]) -> None:
+    def take(self, found: Found, listed: set[str]) -> None:
+        """Compare one chunk of a walk: ``found`` stat-ed, ``listed`` met in covered directories (no stat)."""
         owned, queued, held, observe = self.view.owned, self.view.queued, self.held, self.observe
         met = self.before.intersection(found)  # in C: the recorded paths this chunk met
+        if listed:
+            met |= self.before.intersection(listed)
         if self.met_keys is not None:
             met -= self.met_keys
             self.met_keys |= met
         self.met += len(met)
         if self.forced:
-            for key in found:
+            for key in itertools.chain(found, listed):
                 if owned(key):
                     observe[key] = None
             return
+        if listed:
+            # A covered directory's watch reports every change of its files: only a file never
+            # acknowledged (or one held) needs a look. Both found in C, not per listed path.
+            for key in listed.difference(self.view.records):
+                if owned(key) and (key in held or queued(key, _MISSING) is _MISSING):
+                    observe[key] = None
+            if held:
+                for key in held.intersection(listed):
+                    if owned(key):
+                        observe[key] = None
         get = self.view.records.get
         for key, fp in found.items():
             rec = get(key)

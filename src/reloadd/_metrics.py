@@ -19,7 +19,8 @@ events_total                                   counter  source, kind (inotify: o
 changes_coalesced_total                        counter  (events folded into a pending path)
 changes_handed_over_total                      counter  (settled paths put on a queue)
 overflows_total, resyncs_total                 counter
-rescan_duration_seconds                        summary  (count = full stat walks)
+rescan_duration_seconds                        summary  (count = rescans of every root)
+rescans_covered_total                          counter  (those that took live watches on trust)
 consumer_info                                  gauge    consumer, plugin
 consumer_batches_total                         counter  consumer
 consumer_results_total                         counter  consumer, outcome=success|retry|failure
@@ -139,8 +140,11 @@ class ReloaderCollector(Collector):
                                   value=st.overflows)
         yield CounterMetricFamily("reloadd_resyncs", "Forced resyncs (SIGHUP, reloadd reload).",
                                   value=st.resyncs)
-        yield SummaryMetricFamily("reloadd_rescan_duration_seconds", "Full stat walks of every root.",
+        yield SummaryMetricFamily("reloadd_rescan_duration_seconds", "Rescans (stat walks) of every root.",
                                   count_value=st.rescans, sum_value=st.rescan_seconds)
+        yield CounterMetricFamily("reloadd_rescans_covered",
+                                  "Periodic rescans that listed the directories live watches cover, "
+                                  "without a stat per file (see full_rescan_interval).", value=st.covered_rescans)
 
     def _consumer_families(self, engine: Engine) -> Iterator[Metric]:
         lab = ["consumer"]

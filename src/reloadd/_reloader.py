@@ -198,7 +198,8 @@ class Reloader:
                     conf.max_delay if conf.max_delay is not None else cfg.max_delay,
                 ))
         slots = [self._slot(c, r, cc) for c, r, cc in built]
-        self._engine = engine = Engine(slots, agg, clock=self._clock, on_change=self._notify)
+        self._engine = engine = Engine(slots, agg, clock=self._clock, on_change=self._notify,
+                                       full_rescan_every=self.config.full_rescan_every)
         for slot in slots:
             try:
                 await slot.consumer.start()
@@ -242,6 +243,7 @@ class Reloader:
             rescan_interval=self.config.rescan_interval,
             logger=logging.getLogger("reloadd.source"),
             degraded=self._degraded,
+            coverage=self._engine.coverage,
         )
 
     def _degraded(self, reason: str | None) -> None:

@@ -12,16 +12,71 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
 
 from ._filters import under
 from ._types import Fingerprint
 
-__all__ = ["DigestCache", "Probe", "probe", "scan", "walk"]
+__all__ = ["DigestCache", "Found", "Probe", "Trust", "local_devices", "probe", "scan", "walk"]
 
 _CHUNK = 1 << 20
 SCAN_CHUNK = 4096
 """Entries a :func:`scan` with a sink holds at most before handing them over."""
 _NOT_REGULAR = "not a regular file (FIFO, socket or device); ignored"
+
+Found: TypeAlias = dict[str, tuple[int, int, int, int]]
+"""What a :func:`scan` stat-ed: path -> fingerprint tuple (equal to a :class:`Fingerprint`)."""
+
+# File systems on which a live inotify watch on a directory sees every change made on this
+# machine through it. Not network or FUSE file systems (changes made elsewhere are never
+# reported) and not overlayfs (changes to its layers underneath are not).
+LOCAL_FS_TYPES = frozenset({
+    "ext2", "ext3", "ext4", "xfs", "btrfs", "bcachefs", "f2fs", "zfs", "jfs", "reiserfs", "nilfs2",
+    "tmpfs", "ramfs", "vfat", "exfat", "ntfs3", "hfsplus",
+})
+
+
+def local_devices(mountinfo: str | None = None) -> frozenset[int]:
+    """The ``st_dev`` of every mount whose type is in :data:`LOCAL_FS_TYPES`.
+
+    ``mountinfo`` is the text of ``/proc/self/mountinfo`` (read when ``None``; unreadable:
+    no device, so nothing is trusted). Blocking.
+    """
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+                mountinfo = f.read()
+        except OSError:
+            return frozenset()
+    devices: set[int] = set()
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        try:  # "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw"
+            fstype = fields[fields.index("-", 6) + 1]
+            major, minor = fields[2].split(":")
+            dev = os.makedev(int(major), int(minor))
+        except (ValueError, IndexError):
+            continue
+        if fstype in LOCAL_FS_TYPES:
+            devices.add(dev)
+    return frozenset(devices)
+
+
+@dataclass(frozen=True, slots=True)
+class Trust:
+    """What a periodic rescan between full ones may take on trust.
+
+    Attributes:
+        dirs: Directories a live watch has covered since before the last full rescan.
+        devices: ``st_dev`` of the local file systems (:func:`local_devices`).
+    """
+
+    dirs: frozenset[str]
+    devices: frozenset[int]
+
+    def covers(self, directory: str, fd: int) -> bool:
+        """Whether the regular files of ``directory`` (open as ``fd``) need no stat."""
+        return directory in self.dirs and os.fstat(fd).st_dev in self.devices
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +145,7 @@ def walk(top: Path, root: Path, *, recursive: bool = True) -> Iterator[tuple[Pat
     kubelet's ``..`` bookkeeping directories are skipped. An object per entry: the
     engine's rescans use :func:`scan` itself.
     """
-    found: dict[str, tuple[int, int, int, int]] = {}
+    found: Found = {}
     errors: dict[str, str] = {}
     scan(os.fspath(top), os.fspath(root), recursive, found, errors)
     for path, fp in found.items():
@@ -103,9 +158,11 @@ def scan(
     top: str,
     root: str,
     recursive: bool,
-    found: dict[str, tuple[int, int, int, int]],
+    found: Found,
     errors: dict[str, str],
-    sink: Callable[[dict[str, tuple[int, int, int, int]]], None] | None = None,
+    sink: Callable[[Found, set[str]], None] | None = None,
+    trust: Trust | None = None,
+    listed: set[str] | None = None,
 ) -> None:
     """:func:`walk` for the periodic rescan: fill ``found`` (path -> fingerprint tuple) and ``errors``.
 
@@ -115,7 +172,11 @@ def scan(
     is kept per entry but its path string and fingerprint tuple (equal to a
     :class:`Fingerprint`). Blocking.
 
-    With ``sink``, ``found`` is handed to it and emptied whenever it holds
+    With ``trust`` (and ``listed``), the regular files of a directory it covers are not
+    stat-ed: their paths go into ``listed`` (the directory entry's type says what they
+    are). Symlinks, sub-directories and everything else are stat-ed as always.
+
+    With ``sink``, ``found`` and ``listed`` are handed to it and emptied whenever they hold
     :data:`SCAN_CHUNK` entries or more, so a walk of 100k files never holds them all
     (the caller hands over what is left at the end).
     """
@@ -136,12 +197,22 @@ def scan(
             continue
         try:
             prefix = d if d.endswith("/") else d + "/"
+            into = listed if listed is not None and trust is not None and trust.covers(d, fd) else None
             with os.scandir(fd) as entries:  # names streamed: a 100k-file directory is never listed whole
-                while names := [e.name for e in itertools.islice(entries, SCAN_CHUNK)]:
+                while chunk := list(itertools.islice(entries, SCAN_CHUNK)):
+                    if into is not None:
+                        files = [e.name for e in chunk if e.is_file(follow_symlinks=False)]  # d_type: no stat
+                        into.update([prefix + n for n in files if not n.startswith("..")])
+                        others = len(chunk) > len(files)
+                        names = [e.name for e in chunk if not e.is_file(follow_symlinks=False)] if others else []
+                    else:
+                        names = [e.name for e in chunk]
                     _scan_names(names, prefix, fd, root, recursive, found, errors, stack)
-                    if sink is not None and len(found) >= SCAN_CHUNK:
-                        sink(found)
+                    if sink is not None and len(found) + (len(listed) if listed else 0) >= SCAN_CHUNK:
+                        sink(found, listed if listed is not None else set())
                         found.clear()
+                        if listed is not None:
+                            listed.clear()
         except OSError:
             continue
         finally:
@@ -154,7 +225,7 @@ def _scan_names(
     fd: int,
     root: str,
     recursive: bool,
-    found: dict[str, tuple[int, int, int, int]],
+    found: Found,
     errors: dict[str, str],
     stack: list[str],
 ) -> None:
@@ -178,9 +249,7 @@ def _scan_names(
             errors[prefix + name] = _NOT_REGULAR
 
 
-def _probe_into(
-    path: str, root: str, found: dict[str, tuple[int, int, int, int]], errors: dict[str, str]
-) -> None:
+def _probe_into(path: str, root: str, found: Found, errors: dict[str, str]) -> None:
     pr = probe(path, root)
     if pr.fingerprint is not None:
         found[path] = pr.fingerprint

@@ -36,7 +36,7 @@ BAD_DURATIONS = [
     ('"721h"', "at most"),
 ]
 
-GLOBAL_KEYS = ["quiet", "max_delay", "rescan_interval", "shutdown_grace", "ready_max_age"]
+GLOBAL_KEYS = ["quiet", "max_delay", "rescan_interval", "full_rescan_interval", "shutdown_grace", "ready_max_age"]
 
 
 def write(tmp_path: Path, body: str) -> Path:
@@ -195,3 +195,17 @@ def test_a_bad_plugin_option_names_the_config_file(tmp_path):
     run = subprocess.run([sys.executable, "-m", "reloadd", "run", "--config", str(p)],
                          capture_output=True, text=True, timeout=30)
     assert run.returncode == 1 and expected in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize(("rescan", "full", "every"), [
+    ("15s", "60s", 4),  # the defaults: one full rescan a minute
+    ("15s", "61s", 4),  # never further apart than asked: 4 x 15 s
+    ("15s", "20s", 1),  # less than two intervals: every rescan is full
+    ("15s", "0s", 1),
+    ("0s", "60s", 1),  # no periodic rescans at all
+])
+def test_full_rescans_are_never_further_apart_than_asked(tmp_path, rescan, full, every):
+    cfg = load_config(write(tmp_path, f'[reloadd]\nrescan_interval = "{rescan}"\nfull_rescan_interval = "{full}"\n'))
+    assert cfg.full_rescan_every == every
+    if every > 1:
+        assert every * cfg.rescan_interval <= cfg.full_rescan_interval

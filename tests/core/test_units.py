@@ -236,3 +236,22 @@ async def test_state_dir_is_locked(tmp_path):
                 pass
     async with Reloader(cfg):  # released on close
         pass
+
+
+def test_only_local_file_systems_are_taken_on_trust():
+    # A watch hears only what is done on this machine: network and FUSE file systems, and an
+    # overlay's layers underneath, change without a word. (A fake mountinfo: no NFS mount here.)
+    from reloadd._scan import local_devices
+
+    text = "\n".join([
+        "22 27 0:21 / /proc rw,relatime - proc proc rw",
+        "30 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw",
+        "31 30 0:40 / /mnt/nfs rw,relatime shared:7 - nfs4 server:/export rw,vers=4.2",
+        "32 30 0:41 / /mnt/sshfs rw - fuse.sshfs host:/ rw",
+        "33 30 0:42 / /run rw,nosuid shared:5 - tmpfs tmpfs rw,mode=755",
+        "34 30 0:43 / /var/lib/docker/overlay2/x/merged rw - overlay overlay rw,lowerdir=/a",
+        "35 30 0:44 / /mnt/with\\040space rw master:3 propagate_from:2 - xfs /dev/sdb rw",
+        "garbage",
+    ])
+    assert local_devices(text) == {os.makedev(8, 1), os.makedev(0, 42), os.makedev(0, 44)}
+    assert os.stat("/dev/shm").st_dev in local_devices()  # the real table, read by default

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,71 @@ async def test_watch_limit_degrades_to_rescans(tmp_path, recorder_cls, start_rel
         (root / "d29" / "x.conf").write_text("found by the rescan")
         await rec.wait_path(root / "d29" / "x.conf")
     assert caplog.text.count("fs.inotify.max_user_watches") == 1
+
+
+@pytest.fixture
+def local_dir():
+    """A directory on tmpfs: a local file system wherever the tests run (tmp may be an overlay)."""
+    d = Path(tempfile.mkdtemp(prefix="reloadd-test-", dir="/dev/shm"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def write_unseen(path: Path, other_link: Path, text: str) -> None:
+    """Rewrite ``path`` through a hard link in another directory: no watch on ``path``'s directory hears of it."""
+    os.link(path, other_link)
+    other_link.write_text(text)
+    other_link.unlink()
+
+
+async def wait_rescans(engine, count: int, covered: bool) -> None:
+    stats = engine.stats
+    start = stats.covered_rescans if covered else stats.rescans - stats.covered_rescans
+    for _ in range(400):
+        now = stats.covered_rescans if covered else stats.rescans - stats.covered_rescans
+        if now >= start + count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"fewer than {count} {'covered' if covered else 'full'} rescans ran")
+
+
+async def start_on_one_file(local_dir, recorder_cls, start_reloader, full_rescan_interval: str):
+    """A reloader rescanning every 100 ms over ``root`` holding a.conf (acknowledged); also a directory beside it."""
+    root, elsewhere = local_dir / "root", local_dir / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (root / "a.conf").write_text("1")
+    rec = recorder_cls([root])
+    r = await start_reloader(rec, rescan_interval="100ms", full_rescan_interval=full_rescan_interval)
+    await rec.wait_path(root / "a.conf")
+    return r, rec, root, elsewhere
+
+
+async def test_rescans_between_full_ones_stat_only_what_no_watch_covers(local_dir, recorder_cls, start_reloader):
+    # The cost side of full_rescan_interval: a directory a live watch has covered since the last
+    # full rescan is listed, not stat-ed, so a change no watch can report waits for the next full
+    # rescan; a directory armed since then is stat-ed by every periodic rescan.
+    r, rec, root, elsewhere = await start_on_one_file(local_dir, recorder_cls, start_reloader, "1h")
+    sub = root / "sub"
+    sub.mkdir()  # armed after the start-up (full) rescan began
+    (sub / "b.conf").write_text("1")
+    await rec.wait_path(sub / "b.conf")
+
+    write_unseen(sub / "b.conf", elsewhere / "b", "rewritten")
+    await rec.wait_path(sub / "b.conf", 2)  # found by a periodic rescan: sub is stat-ed
+    write_unseen(root / "a.conf", elsewhere / "a", "rewritten")
+    await wait_rescans(r.engine, 5, covered=True)
+    assert len(rec.changes_for(root / "a.conf")) == 1  # covered: not stat-ed between full rescans
+    (root / "c.conf").write_text("what a watch reports is seen at once, as ever")
+    await rec.wait_path(root / "c.conf")
+
+
+async def test_a_change_no_watch_reports_is_found_by_the_next_full_rescan(local_dir, recorder_cls, start_reloader):
+    r, rec, root, elsewhere = await start_on_one_file(local_dir, recorder_cls, start_reloader, "500ms")
+    await wait_rescans(r.engine, 1, covered=True)
+    write_unseen(root / "a.conf", elsewhere / "a", "rewritten")
+    await rec.wait_path(root / "a.conf", 2)
+    assert (root / "a.conf").read_text() == "rewritten"
 
 
 async def test_pump_failure_is_restarted_and_nothing_lost(tmp_path, recorder_cls, start_reloader, caplog):

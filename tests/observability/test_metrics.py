@@ -60,6 +60,8 @@ async def test_metrics_follow_success_retry_and_recovery(
     assert sample(m, "reloadd_watch_armed") == 1
     assert (sample(m, "reloadd_watches") or 0) >= 1
     assert (sample(m, "reloadd_rescan_duration_seconds_count") or 0) >= 1  # the start-up pass
+    covered = sample(m, "reloadd_rescans_covered_total")
+    assert covered is not None and covered < sample(m, "reloadd_rescan_duration_seconds_count")  # start-up: full
     assert sample(m, "reloadd_consumer_info", consumer="hook", plugin="reloadd_exec") == 1
 
     # success

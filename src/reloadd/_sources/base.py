@@ -9,13 +9,14 @@ consumer, settled or not, changed or not) is the aggregator's.
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["EventKind", "Source", "SourceContext", "SourceEvent", "WatchRoot"]
+__all__ = ["Coverage", "EventKind", "Source", "SourceContext", "SourceEvent", "WatchRoot"]
 
 
 class EventKind(enum.Enum):
@@ -66,6 +67,41 @@ class WatchRoot:
     recursive: bool = True
 
 
+class Coverage:
+    """The directories in which a source reports every change, each with the serial of the arming that covers it.
+
+    reloadd's inotify source adds a directory when its watch is armed and discards it when
+    the watch goes (or the source stops). The engine's periodic rescans between full ones
+    trust a directory only if the same arming already covered it when the last full
+    rescan began (and it is on a local file system); they list such a directory but stat
+    only what no watch covers. Sources read their events on the event loop, and so must
+    update this there.
+    """
+
+    def __init__(self) -> None:
+        self._dirs: dict[str, int] = {}
+        self._serials = itertools.count(1)
+
+    def add(self, directory: str) -> None:
+        """``directory`` (absolute, as ``str(Path)`` spells it) is covered from now on, by a new arming."""
+        self._dirs[directory] = next(self._serials)
+
+    def discard(self, directory: str) -> None:
+        """``directory`` may miss changes from now on."""
+        self._dirs.pop(directory, None)
+
+    def clear(self) -> None:
+        """Nothing is covered (the source stopped)."""
+        self._dirs.clear()
+
+    def snapshot(self) -> dict[str, int]:
+        """Directory -> arming serial, as it is now."""
+        return dict(self._dirs)
+
+    def __len__(self) -> int:
+        return len(self._dirs)
+
+
 @dataclass
 class SourceContext:
     """What a source is given.
@@ -77,6 +113,7 @@ class SourceContext:
         logger: The source's logger.
         degraded: Called by a source that lost its ability to watch (with the reason),
             so the engine can report rescan-only mode.
+        coverage: Where a source that reports every change in a directory says so.
     """
 
     roots: tuple[WatchRoot, ...]
@@ -84,6 +121,7 @@ class SourceContext:
     rescan_interval: float = 15.0
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("reloadd.source"))
     degraded: Callable[[str | None], None] = lambda reason: None
+    coverage: Coverage = field(default_factory=Coverage)
 
 
 class Source(Protocol):

@@ -185,6 +185,7 @@ class InotifySource:
                 with contextlib.suppress(asyncio.CancelledError):
                     await checker
             self._ino = None
+            self.ctx.coverage.clear()
             self._by_path.clear()
             self._by_wd.clear()
             self._removed.clear()
@@ -229,6 +230,7 @@ class InotifySource:
             raise err from exc
         self._removed.discard(watch.wd)
         self._by_path[path] = (watch, ino)
+        self.ctx.coverage.add(str(path))
         prefix = str(watch.path)
         self._by_wd[watch.wd] = (watch, prefix if prefix.endswith("/") else prefix + "/")
         return True
@@ -261,6 +263,7 @@ class InotifySource:
         assert self._ino is not None
         for p in [p for p in self._by_path if under(p, top)]:
             watch, _ = self._by_path.pop(p)
+            self.ctx.coverage.discard(str(p))
             self._removed.add(watch.wd)
             with contextlib.suppress(OSError):
                 self._ino.rm_watch(watch)  # already gone with its directory
@@ -412,6 +415,7 @@ class InotifySource:
             held = self._by_path.get(gone)
             if held is not None and held[0] is watch:
                 del self._by_path[gone]
+                self.ctx.coverage.discard(str(gone))
             if any(under(r.path, gone) or r.path.parent == gone for r in self.ctx.roots):
                 await self._rearm_roots_near(gone)
             return
