@@ -298,14 +298,15 @@ class Engine:
         scopes = [str(t) for t in tops] if tops is not None else None
         covered: frozenset[str] | None = None
         if tops is None and only is None:
-            light = periodic and not forced and self._since_full + 1 < self.full_rescan_every
-            if light and self._covered_at is not None:
-                self._since_full += 1
+            last = self._covered_at
+            if periodic and not forced and last is not None and self._since_full + 1 < self.full_rescan_every:
                 now_covered = self.coverage.snapshot()
-                covered = frozenset(d for d, serial in self._covered_at.items() if now_covered.get(d) == serial)
-            else:
+                covered = frozenset(d for d, serial in last.items() if now_covered.get(d) == serial) or None
+            if covered is None:  # a full rescan (nothing covered is one too): what it stats, later ones may trust
                 self._since_full = 0
                 self._covered_at = self.coverage.snapshot()
+            else:
+                self._since_full += 1
         started = time.perf_counter()
         diff = await asyncio.to_thread(_diff, jobs, views, scopes, forced, covered)
         if tops is None:
