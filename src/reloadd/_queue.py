@@ -51,6 +51,7 @@ class Item:
     last_error: str | None = None
     deferred: str | None = None
     group: str | None = None
+    checked: bool = False  # found needed when queued, with no batch of its path running: not asked again
 
     @property
     def path(self) -> Path:
@@ -284,8 +285,10 @@ class WorkQueue:
             item.since = self._clock()
         if self._group_of is not None:
             item.group = self._group_of(item.path)
-        if old is None and item.key not in self._inflight and not self._needed(item):
-            return
+        if old is None and item.key not in self._inflight:
+            if not self._needed(item):
+                return
+            item.checked = True  # only its own batch can change its record now
         self._items[item.key] = item
         self._wakeup.set()
         self._on_change()
@@ -351,7 +354,7 @@ class WorkQueue:
                 if item.not_before > now:
                     next_due = item.not_before if next_due is None else min(next_due, item.not_before)
                     continue
-                if item.attempts == 0 and not self._needed(item):
+                if item.attempts == 0 and not item.checked and not self._needed(item):
                     stale.append(path)
                     continue
                 if item.group is not None:
@@ -403,11 +406,13 @@ class WorkQueue:
     async def _run_batch(self, items: list[Item]) -> None:
         changes = tuple(self._change_of(i) for i in items)
         reason = Reason.SIGNAL if any(i.forced for i in items) else items[0].reason
-        by_path = {c.path: (i, c) for i, c in zip(items, changes, strict=True)}
+        by_path: dict[Path, tuple[Item, Change]] = {}  # built at the first early report (hashing Paths costs)
         settled: set[str] = set()  # reported early: recorded, released on their own
         releases: list[asyncio.Task[None]] = []
 
         def report(path: Path, result: Result) -> None:
+            if not by_path:
+                by_path.update((c.path, (i, c)) for i, c in zip(items, changes, strict=True))
             entry = by_path.get(path)
             if entry is None or entry[0].key in settled:
                 return
@@ -437,7 +442,7 @@ class WorkQueue:
         try:
             for item, change in zip(items, changes, strict=True):
                 if item.key not in settled:
-                    self._apply(item, change, results.get(change.path))
+                    self._apply(item, change, results.get(change.path) if results else None)
             await self.flush()  # still in flight until the acknowledgement is durable
         finally:
             for item in items:
