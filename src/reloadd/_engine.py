@@ -455,9 +455,10 @@ def _diff(
     The walk hands its entries over in chunks (:data:`SCAN_CHUNK`), so memory does
     not grow with the tree. With ``covered``, the regular files of those directories
     (on local file systems) are met without a stat (:class:`Trust`). Paths gone since
-    they were acknowledged are found by counting: when every path recorded (under the scope) before the walk was met on
-    it, none is gone; otherwise (rare: a delete inotify did not report, or one still
-    being handled) the tree's paths are listed once more to name them.
+    they were acknowledged are found by counting: when every path recorded (under the
+    scope) before the walk was met on it, none is gone; otherwise (rare: a delete
+    inotify did not report, or one still being handled) the tree's paths are listed
+    once more to name them.
     """
     errors: dict[str, str] = {}
     tops = [top for top, _, _ in jobs]
