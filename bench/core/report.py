@@ -43,11 +43,11 @@ Method in short:
 - **Idle.** Taken after the 10k burst, with the same processes and files still present. CPU is
   utime+stime from `/proc/<pid>/stat`. Wakeups are voluntary context switches summed over
   `/proc/<pid>/task/*/status`. A full window is 60 s: one `full_rescan_interval` at the defaults,
-  so it holds four periodic rescans, one of them full.
+  so it holds four periodic rescans, which between them stat every file once.
 - **Rescan.** Runs in process, with `Engine.reconcile(None, Reason.RESCAN)` on an unchanged tree
   whose files were all acknowledged through the real start-up pass. *Full* is a rescan that stats
-  every file (start-up, overflow, and every 60 s at the defaults); *covered* is a periodic rescan in
-  between, with inotify on, which lists the watched directories without a stat per file. The peer
+  every file (start-up, overflow, SIGHUP); *covered* is the periodic one, with inotify on, which lists
+  the watched directories and stats one file in four (its share, by inode, at the defaults). The peer
   is `find DIR -printf '%i %s %T@\\n'` over the same tree (a stat walk in C).
 - **Medians.** Each burst runs 3 times with fresh watchers and a fresh directory, idle is measured
   in 3 windows, each rescan 3-5 times; the targets table shows medians of those runs.
@@ -185,7 +185,7 @@ def idle_section(r: dict[str, Any]) -> str:
         "",
         f"Measured in {len(win)} consecutive windows of {win[0]['seconds']:.0f} s with {r['files']:,} files "
         "present and nothing changing. reloadd's figure includes its periodic rescans (every 15 s; at the "
-        "defaults every fourth is a full one, the others are covered).",
+        "defaults each stats a quarter of the files inotify covers, in turn).",
         "",
         "| window | watcher | CPU s | CPU % of one core | wakeups/s (voluntary) | involuntary/s | threads | batches |",
         "|---|---|---|---|---|---|---|---|",
@@ -209,7 +209,8 @@ def rescan_section(results: list[dict[str, Any]]) -> str:
         "## 4. Rescan cost (in process)",
         "",
         "Each row times `Engine.reconcile(None, Reason.RESCAN)` on an unchanged tree in which every file was "
-        "acknowledged: full rescans (every file stat-ed), then covered ones (a second Reloader with inotify on, "
+        "acknowledged: full rescans (every file stat-ed), then periodic covered ones (a second Reloader with "
+        "inotify on and the default 60 s / 15 s cycle: a quarter of the watched files stat-ed, in turn, "
         "`periodic=True`: the watched directory listed, no stat per file). "
         "CPU is `process_time` (all threads). \"Re-observed\" counts paths the rescan wrongly "
         "sent back to the aggregator, so it should be 0. \"Initial sync\" is the start-up pass that "

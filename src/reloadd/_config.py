@@ -73,9 +73,9 @@ class Config:
             restart hands every path over again, and plugins get a temporary private
             directory removed on close.
         rescan_interval: Seconds between stat walks; 0 disables them.
-        full_rescan_interval: Every file is stat-ed by a rescan at least this often. The
-            periodic rescans in between list the directories a live inotify watch covers
-            (on local file systems) without a stat per file; what no watch covers is
+        full_rescan_interval: Every file is stat-ed by a rescan at least this often. In the
+            directories a live inotify watch covers (on local file systems) a periodic
+            rescan stats only its share of the files, in turn; what no watch covers is
             stat-ed on every rescan. At most ``rescan_interval``: every rescan is full.
         quiet: Seconds without events before a path counts as settled.
         max_delay: Cap on how long a path that keeps changing is held.
@@ -105,7 +105,7 @@ class Config:
 
     @property
     def full_rescan_every(self) -> int:
-        """Periodic rescans per full one (1: every rescan stats every file)."""
+        """Periodic rescans over which every covered file is stat-ed once (1: every rescan stats every file)."""
         if self.rescan_interval <= 0 or self.full_rescan_interval <= self.rescan_interval:
             return 1
         return max(1, math.floor(self.full_rescan_interval / self.rescan_interval + 1e-9))  # never longer apart

@@ -115,8 +115,9 @@ class Engine:
         aggregator: The aggregator (timings per consumer already set).
         clock: Monotonic clock.
         on_change: Called after every step (idle tracking).
-        full_rescan_every: Every this many periodic rescans one stats every file; the
-            others stat only what :attr:`coverage` does not vouch for (1: all are full).
+        full_rescan_every: Periodic rescans over which every file is stat-ed once: each
+            stats what :attr:`coverage` does not vouch for, plus this share of what it
+            does (1: every rescan stats every file).
     """
 
     def __init__(
@@ -143,8 +144,8 @@ class Engine:
         self.coverage = Coverage()
         """Directories the sources report every change in (given to them in their context)."""
         self.full_rescan_every = max(1, full_rescan_every)
-        self._since_full = 0
-        self._covered_at: dict[str, int] | None = None  # the coverage as the last full rescan began
+        self._tick = 0  # periodic rescans so far: which share of the covered files the next one stats
+        self._trusted: dict[str, int] | None = None  # the coverage as the last rescan of every root began
 
     # Input -----------------------------------------------------------------------
     def emit(self, event: SourceEvent | Force) -> None:
@@ -268,11 +269,12 @@ class Engine:
     ) -> None:
         """Walk ``tops`` (every root when ``None``) and observe what differs from the records.
 
-        A ``periodic`` rescan (the timer's) of every root is *covered* unless it is the
-        :attr:`full_rescan_every`-th: it stats no regular file in a directory that a live
-        watch (:attr:`coverage`) has covered, by the same arming, since before the last full
-        rescan began, and that lies on a local file system; such a directory is only listed.
-        Everything else is stat-ed on every rescan.
+        A ``periodic`` rescan (the timer's) of every root is *covered*: in a directory that a
+        live watch (:attr:`coverage`) has covered, by the same arming, since before the
+        previous rescan of every root began (which stat-ed it whole), and that lies on a
+        local file system, it stats only the regular files whose inode falls in this
+        rescan's share (one of :attr:`full_rescan_every`, in turn) and lists the rest.
+        Everything else is stat-ed on every rescan, and other rescans stat every file.
 
         The walk and the diff run in a worker thread. Nothing is copied per record for
         it: the thread only reads the live records and filter memo with single ``get``
@@ -297,18 +299,19 @@ class Engine:
                  for s in slots]
         scopes = [str(t) for t in tops] if tops is not None else None
         covered: frozenset[str] | None = None
+        share = (self.full_rescan_every, 0)
+        now_covered: dict[str, int] | None = None
         if tops is None and only is None:
-            last = self._covered_at
-            if periodic and not forced and last is not None and self._since_full + 1 < self.full_rescan_every:
-                now_covered = self.coverage.snapshot()
+            now_covered = self.coverage.snapshot()
+            last = self._trusted
+            if periodic and not forced and last is not None and self.full_rescan_every > 1:
                 covered = frozenset(d for d, serial in last.items() if now_covered.get(d) == serial) or None
-            if covered is None:  # a full rescan (nothing covered is one too): what it stats, later ones may trust
-                self._since_full = 0
-                self._covered_at = self.coverage.snapshot()
-            else:
-                self._since_full += 1
+                share = (self.full_rescan_every, self._tick % self.full_rescan_every)
+                self._tick += 1
         started = time.perf_counter()
-        diff = await asyncio.to_thread(_diff, jobs, views, scopes, forced, covered)
+        diff = await asyncio.to_thread(_diff, jobs, views, scopes, forced, covered, share)
+        if now_covered is not None:
+            self._trusted = now_covered  # this walk stat-ed whole every directory it did not trust
         if tops is None:
             self.stats.rescans += 1
             self.stats.covered_rescans += covered is not None
@@ -447,6 +450,7 @@ def _diff(
     scopes: list[str] | None,
     forced: bool,
     covered: frozenset[str] | None = None,
+    share: tuple[int, int] = (1, 0),
 ) -> _Diff:
     """Walk and compare with each consumer's acknowledged fingerprints (blocking).
 
@@ -454,7 +458,7 @@ def _diff(
     lookup and one tuple comparison; the filter is consulted only for the rest.
     The walk hands its entries over in chunks (:data:`SCAN_CHUNK`), so memory does
     not grow with the tree. With ``covered``, the regular files of those directories
-    (on local file systems) are met without a stat (:class:`Trust`). Paths gone since
+    (on local file systems) outside ``share`` are met without a stat (:class:`Trust`). Paths gone since
     they were acknowledged are found by counting: when every path recorded (under the
     scope) before the walk was met on it, none is gone; otherwise (rare: a delete
     inotify did not report, or one still being handled) the tree's paths are listed
@@ -469,7 +473,7 @@ def _diff(
         for c in compares:
             c.take(found, listed)
 
-    trust = Trust(covered, local_devices()) if covered else None
+    trust = Trust(covered, local_devices(), *share) if covered else None
     for top, root, recursive in jobs:
         found: Found = {}
         listed: set[str] = set()

@@ -64,15 +64,19 @@ def local_devices(mountinfo: str | None = None) -> frozenset[int]:
 
 @dataclass(frozen=True, slots=True)
 class Trust:
-    """What a periodic rescan between full ones may take on trust.
+    """What a periodic rescan may take on trust.
 
     Attributes:
-        dirs: Directories a live watch has covered since before the last full rescan.
+        dirs: Directories a live watch has covered since before the previous rescan stat-ed them whole.
         devices: ``st_dev`` of the local file systems (:func:`local_devices`).
+        shares: The covered files are stat-ed over this many rescans, in turn...
+        share: ...and this rescan stats those whose inode modulo ``shares`` is this.
     """
 
     dirs: frozenset[str]
     devices: frozenset[int]
+    shares: int = 1
+    share: int = 0
 
     def covers(self, directory: str, fd: int) -> bool:
         """Whether the regular files of ``directory`` (open as ``fd``) need no stat."""
@@ -173,8 +177,9 @@ def scan(
     :class:`Fingerprint`). Blocking.
 
     With ``trust`` (and ``listed``), the regular files of a directory it covers are not
-    stat-ed: their paths go into ``listed`` (the directory entry's type says what they
-    are). Symlinks, sub-directories and everything else are stat-ed as always.
+    stat-ed unless their inode is in its share: their paths go into ``listed`` (the
+    directory entry's type and inode say what they are, no stat). Symlinks,
+    sub-directories and everything else are stat-ed as always.
 
     With ``sink``, ``found`` and ``listed`` are handed to it and emptied whenever they hold
     :data:`SCAN_CHUNK` entries or more, so a walk of 100k files never holds them all
@@ -197,14 +202,12 @@ def scan(
             continue
         try:
             prefix = d if d.endswith("/") else d + "/"
-            into = listed if listed is not None and trust is not None and trust.covers(d, fd) else None
+            covered = listed is not None and trust is not None and trust.covers(d, fd)
             with os.scandir(fd) as entries:  # names streamed: a 100k-file directory is never listed whole
                 while chunk := list(itertools.islice(entries, SCAN_CHUNK)):
-                    if into is not None:
-                        files = [e.name for e in chunk if e.is_file(follow_symlinks=False)]  # d_type: no stat
-                        into.update([prefix + n for n in files if not n.startswith("..")])
-                        others = len(chunk) > len(files)
-                        names = [e.name for e in chunk if not e.is_file(follow_symlinks=False)] if others else []
+                    if covered:
+                        assert trust is not None and listed is not None
+                        names = _list_covered(chunk, prefix, trust.shares, trust.share, listed)
                     else:
                         names = [e.name for e in chunk]
                     _scan_names(names, prefix, fd, root, recursive, found, errors, stack)
@@ -217,6 +220,18 @@ def scan(
             continue
         finally:
             os.close(fd)
+
+
+def _list_covered(chunk: list[os.DirEntry[str]], prefix: str, shares: int, share: int, listed: set[str]) -> list[str]:
+    """Put the regular files outside ``share`` into ``listed``; return the names to stat."""
+    names: list[str] = []
+    for e in chunk:  # the entry's type and inode come from the directory listing: no stat
+        if e.is_file(follow_symlinks=False) and e.inode() % shares != share:
+            if not e.name.startswith(".."):
+                listed.add(prefix + e.name)
+        else:
+            names.append(e.name)
+    return names
 
 
 def _scan_names(

@@ -71,10 +71,10 @@ class Coverage:
     """The directories in which a source reports every change, each with the serial of the arming that covers it.
 
     reloadd's inotify source adds a directory when its watch is armed and discards it when
-    the watch goes (or the source stops). The engine's periodic rescans between full ones
-    trust a directory only if the same arming already covered it when the last full
-    rescan began (and it is on a local file system); they list such a directory but stat
-    only what no watch covers. Sources read their events on the event loop, and so must
+    the watch goes (or the source stops). The engine's periodic rescans trust a directory
+    only if the same arming already covered it when the previous rescan of every root
+    began (and it is on a local file system); they list such a directory and stat only
+    their share of its files. Sources read their events on the event loop, and so must
     update this there.
     """
 
