@@ -190,7 +190,7 @@ async def start_on_one_file(local_dir, recorder_cls, start_reloader, full_rescan
     return r, rec, root, elsewhere
 
 
-async def test_rescans_between_full_ones_stat_only_what_no_watch_covers(local_dir, recorder_cls, start_reloader):
+async def test_periodic_rescans_stat_only_their_share_of_watched_files(local_dir, recorder_cls, start_reloader):
     # The cost side of full_rescan_interval: in a directory a live watch has covered since the
     # previous rescan, a periodic rescan stats only its share of the files (1 in 36,000 here) and
     # lists the rest, so a change no watch can report waits for its file's turn.
@@ -202,7 +202,7 @@ async def test_rescans_between_full_ones_stat_only_what_no_watch_covers(local_di
     await rec.wait_path(root / "c.conf")
 
 
-async def test_a_change_no_watch_reports_is_found_by_the_next_full_rescan(local_dir, recorder_cls, start_reloader):
+async def test_a_change_no_watch_reports_is_found_within_full_rescan_interval(local_dir, recorder_cls, start_reloader):
     r, rec, root, elsewhere = await start_on_one_file(local_dir, recorder_cls, start_reloader, "500ms")
     await wait_rescans(r.engine, 1, covered=True)
     write_unseen(root / "a.conf", elsewhere / "a", "rewritten")
