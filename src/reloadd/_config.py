@@ -106,7 +106,7 @@ class Config:
     @property
     def full_rescan_every(self) -> int:
         """Periodic rescans over which every covered file is stat-ed once (1: every rescan stats every file)."""
-        if self.rescan_interval <= 0 or self.full_rescan_interval <= self.rescan_interval:
+        if self.rescan_interval <= 0:
             return 1
         return max(1, math.floor(self.full_rescan_interval / self.rescan_interval + 1e-9))  # never longer apart
 

@@ -98,9 +98,6 @@ class Coverage:
         """Directory -> arming serial, as it is now."""
         return dict(self._dirs)
 
-    def __len__(self) -> int:
-        return len(self._dirs)
-
 
 @dataclass
 class SourceContext:
