@@ -10,7 +10,7 @@ import typing as _typing
 
 from ._command import CommandError, CommandResult, run_command
 from ._config import Config, ConsumerConfig, load_config, parse_config
-from ._consumer import BaseConsumer, Consumer, ConsumerContext, ConsumerFactory, Planner
+from ._consumer import BaseConsumer, Consumer, ConsumerContext, ConsumerFactory, Planner, PruneAware
 from ._errors import (
     ConfigError,
     ConsumerError,
@@ -34,6 +34,7 @@ from ._types import (
     Change,
     ChangeKind,
     Fingerprint,
+    Hold,
     JSONValue,
     PathRecord,
     Plan,
@@ -87,6 +88,7 @@ __all__ = [
     "Coverage",
     "EventKind",
     "Fingerprint",
+    "Hold",
     "JSONValue",
     "Options",
     "PathFilter",
@@ -97,6 +99,7 @@ __all__ = [
     "PlannedChange",
     "Planner",
     "PluginError",
+    "PruneAware",
     "Reason",
     "Reject",
     "ReloaddError",

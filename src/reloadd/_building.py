@@ -23,9 +23,12 @@ from ._plugins import CONSUMER_GROUP, load
 from ._state import RecordStore
 from ._types import PathRecord
 
-__all__ = ["PrivateDirs", "Trigger", "bind", "build_consumer", "embedded_config", "path_filter", "records_for"]
+__all__ = [
+    "PrivateDirs", "RemovalHeld", "Trigger", "bind", "build_consumer", "embedded_config", "path_filter", "records_for",
+]
 
 Trigger = Callable[[Iterable[Path] | None], None]
+RemovalHeld = Callable[[Path], str | None]
 
 
 def records_for(state_dir: Path | None, name: str) -> RecordStore:
@@ -69,6 +72,7 @@ def build_consumer(
     private: Path,
     config_file: Path | None,
     trigger: Trigger = lambda paths: None,
+    removal_held: RemovalHeld = lambda path: None,
 ) -> Consumer:
     """Create the consumer of a ``[[consumer]]`` table through its plugin's factory.
 
@@ -89,6 +93,7 @@ def build_consumer(
         trigger=trigger,
         logger=logging.getLogger(f"reloadd.consumer.{cc.name}"),
         config_file=config_file,
+        removal_held=removal_held,
     )
     try:
         consumer = factory(ctx)
@@ -151,13 +156,15 @@ def embedded_config(consumer: Consumer) -> ConsumerConfig:
     )
 
 
-def bind(consumer: Consumer, records: RecordStore, trigger: Trigger) -> None:
+def bind(consumer: Consumer, records: RecordStore, trigger: Trigger,
+         removal_held: RemovalHeld = lambda path: None) -> None:
     """Give an embedder's :class:`BaseConsumer` what a configured one gets: records, trigger, logger."""
     ctx = getattr(consumer, "ctx", None)
     if not isinstance(ctx, ConsumerContext):
         return
     ctx.records = records
     ctx.trigger = trigger
+    ctx.removal_held = removal_held
     if ctx.logger.name == "reloadd.consumer":
         ctx.logger = logging.getLogger(f"reloadd.consumer.{consumer.name}")
         if getattr(consumer, "log", None) is not None:

@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 from ._errors import PlanUnsupportedError
 from ._types import Batch, PathRecord, Plan, Result
 
-__all__ = ["BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory", "Planner"]
+__all__ = ["BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory", "Planner", "PruneAware"]
 
 
 @runtime_checkable
@@ -96,6 +96,25 @@ class Planner(Protocol):
         ...
 
 
+@runtime_checkable
+class PruneAware(Protocol):
+    """The optional half of the contract prune safety uses: what a held removal amounts to.
+
+    Attributes:
+        removal_unit: What :meth:`removal_size` counts, for status (``objects``, ``images``...).
+    """
+
+    removal_unit: str
+
+    def removal_size(self, record: PathRecord) -> int:
+        """How many things removing the path of ``record`` would remove (pure: from its data)."""
+        ...
+
+    async def removals_held(self, paths: Sequence[Path], why: str) -> None:
+        """Removals of these paths were just held (the engine logged one WARNING): report them further."""
+        ...
+
+
 @dataclass
 class ConsumerContext:
     """Everything a factory gets to build a consumer.
@@ -111,6 +130,9 @@ class ConsumerContext:
             (``None`` means every path the consumer owns).
         logger: The consumer's logger (``reloadd.consumer.<name>``).
         config_file: The configuration file, for error messages.
+        removal_held: Why removing what a recorded path declared must not run now (its
+            input looks lost: see "prune safety"), or ``None``. For consumers that act on
+            every input at once rather than per change; may stat, so call it off the loop.
     """
 
     name: str
@@ -121,6 +143,7 @@ class ConsumerContext:
     trigger: Callable[[Iterable[Path] | None], None] = lambda paths: None
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("reloadd.consumer"))
     config_file: Path | None = None
+    removal_held: Callable[[Path], str | None] = lambda path: None
 
 
 ConsumerFactory = Callable[[ConsumerContext], Consumer]
@@ -136,6 +159,7 @@ class BaseConsumer:
 
     content_digest: bool = True
     concurrency: int = 1
+    removal_unit: str = "files"
 
     def __init__(self, ctx: ConsumerContext) -> None:
         self.ctx = ctx
@@ -149,6 +173,13 @@ class BaseConsumer:
 
     async def start(self) -> None:
         """Nothing to connect to by default."""
+
+    def removal_size(self, record: PathRecord) -> int:
+        """One file per path by default (see :class:`PruneAware`)."""
+        return 1
+
+    async def removals_held(self, paths: Sequence[Path], why: str) -> None:
+        """Nothing more than the engine's WARNING by default (see :class:`PruneAware`)."""
 
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
         """Subclasses must implement this."""

@@ -9,6 +9,8 @@ line each way::
     <- {"ok": true, "status": {...}}
     -> {"command": "reload"}
     <- {"ok": true, "message": "..."}
+    -> {"command": "confirm-prune", "consumer": null}
+    <- {"ok": true, "message": "...", "released": 3}
 
 Status carries paths and error messages, never consumer options. Error messages are
 passed through :func:`redact` so credentials a plugin echoes in an error (a URL with
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from ._config import Config
     from ._reloader import Reloader
 
-__all__ = ["ControlServer", "format_status", "query_status", "redact", "request", "send_reload"]
+__all__ = ["ControlServer", "confirm_prune", "format_status", "query_status", "redact", "request", "send_reload"]
 
 log = logging.getLogger("reloadd.control")
 
@@ -152,7 +154,7 @@ class ControlServer:
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await asyncio.wait_for(reader.readline(), _TIMEOUT)
-            reply = self._dispatch(line)
+            reply = await self._dispatch(line)
             writer.write(json.dumps(reply).encode() + b"\n")
             await writer.drain()
         except (ConnectionError, TimeoutError, ValueError):
@@ -166,12 +168,20 @@ class ControlServer:
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
 
-    def _dispatch(self, line: bytes) -> dict[str, Any]:
+    async def _dispatch(self, line: bytes) -> dict[str, Any]:
         try:
             req = json.loads(line)
             command = req["command"]
         except (ValueError, KeyError, TypeError):
             return {"ok": False, "error": 'expected one JSON line like {"command": "status"}'}
+        if command == "confirm-prune":
+            consumer = req.get("consumer")
+            try:
+                n = await self.reloader.confirm_prune(consumer if isinstance(consumer, str) else None)
+            except (RuntimeError, KeyError) as exc:
+                return {"ok": False, "error": f"cannot confirm held removals: {exc}"}
+            log.warning("Received confirm-prune on the control socket: running %d held removal(s)", n)
+            return {"ok": True, "released": n, "message": f"running {n} held removal(s)"}
         if command == "status":
             return {"ok": True, "status": self.status()}
         if command == "reload":
@@ -181,7 +191,7 @@ class ControlServer:
             except RuntimeError as exc:  # not started yet, or already shut down
                 return {"ok": False, "error": f"cannot resync now: {exc}"}
             return {"ok": True, "message": "full resync requested"}
-        return {"ok": False, "error": f"unknown command {command!r} (status, reload)"}
+        return {"ok": False, "error": f"unknown command {command!r} (status, reload, confirm-prune)"}
 
 
 def _remove_stale(path: Path) -> None:
@@ -204,7 +214,7 @@ def _remove_stale(path: Path) -> None:
 
 
 # Client ------------------------------------------------------------------------------
-def request(path: Path, command: str, timeout: float = _TIMEOUT) -> dict[str, Any]:
+def request(path: Path, command: str, timeout: float = _TIMEOUT, **fields: Any) -> dict[str, Any]:
     """Send one command to the daemon's control socket and return its reply.
 
     Raises:
@@ -214,7 +224,7 @@ def request(path: Path, command: str, timeout: float = _TIMEOUT) -> dict[str, An
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(str(path))
-        sock.sendall(json.dumps({"command": command}).encode() + b"\n")
+        sock.sendall(json.dumps({"command": command, **fields}).encode() + b"\n")
         chunks = []
         while True:
             chunk = sock.recv(65536)
@@ -248,12 +258,31 @@ def send_reload(cfg: Config) -> bool:
     return True
 
 
+def confirm_prune(cfg: Config, consumer: str | None = None) -> int:
+    """Ask the daemon to run every held removal (or one consumer's); the exit code for ``reload --confirm-prune``.
+
+    Only the control socket can carry it (a signal cannot say "confirm"): 1 when none is configured
+    or nothing answers.
+    """
+    if cfg.control_socket is None:
+        print("reloadd: --confirm-prune needs control_socket under [reloadd]; cannot reach the daemon",
+              file=sys.stderr)
+        return 1
+    try:
+        reply = request(cfg.control_socket, "confirm-prune", consumer=consumer)
+    except (OSError, ReloaddError) as exc:
+        print(f"reloadd: cannot reach the daemon on {cfg.control_socket}: {exc}", file=sys.stderr)
+        return 1
+    print(f"reloadd: the daemon is {reply.get('message', 'running the held removals')}")
+    return 0
+
+
 def query_status(cfg: Config, as_json: bool = False, out: TextIO | None = None) -> int:
     """Print the running daemon's status; the exit code for ``reloadd status``.
 
     Returns:
         0 when the daemon is ready and no path is failing, 3 when it answered but is
-        not ready or has failing/rejected paths, 1 when it cannot be reached.
+        not ready or has failing, rejected or prune-held paths, 1 when it cannot be reached.
     """
     out = out or sys.stdout
     if cfg.control_socket is None:
@@ -271,7 +300,7 @@ def query_status(cfg: Config, as_json: bool = False, out: TextIO | None = None) 
     else:
         out.write(format_status(doc))
     consumers = doc.get("consumers", {}).values()
-    troubled = any(c.get("failing") or c.get("rejected") for c in consumers)
+    troubled = any(c.get("failing") or c.get("rejected") or c.get("prune_held") for c in consumers)
     return 0 if doc.get("ready") and not troubled else 3
 
 
@@ -286,6 +315,26 @@ def _ago(seconds: float) -> str:
 
 def _clock(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+def _held_lines(lines: list[str], c: dict[str, Any], now: float) -> None:
+    """``prune held: N objects of M path(s) (why, since when)``, one line per reason, then the paths."""
+    held = c.get("prune_held") or []
+    by_why: dict[str, list[dict[str, Any]]] = {}
+    for h in held:
+        by_why.setdefault(str(h.get("why")), []).append(h)
+    unit = c.get("prune_held_unit", "files")
+    for why, entries in by_why.items():
+        size = sum(int(h.get("size", 0)) for h in entries)
+        since = min(float(h.get("since", now)) for h in entries)
+        lines.append(f"  PRUNE HELD: {size} {unit} of {len(entries)} path(s) ({why}, since {_clock(since)}, "
+                     f"{_ago(now - since)} ago)")
+        for h in entries[:_LIST_MAX]:
+            lines.append(f"             {h['path']}")
+        if len(entries) > _LIST_MAX:
+            lines.append(f"             ... and {len(entries) - _LIST_MAX} more (--json lists all)")
+    if held:
+        lines.append("             run by `reloadd reload --confirm-prune`; the input coming back releases them")
 
 
 def format_status(doc: dict[str, Any], now: float | None = None) -> str:
@@ -332,6 +381,7 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
             lines.append(f"             {f.get('error')}")
         for d in c.get("deferred", []):
             lines.append(f"  deferred:  {d['path']}: again in {d.get('retry_in', 0):.1f}s ({d.get('reason')})")
+        _held_lines(lines, c, now)
         for rj in c.get("rejected", []):
             lines.append(f"  REJECTED:  {rj['path']} (not retried until it changes, or on SIGHUP / `reloadd reload`)")
             lines.append(f"             {rj.get('error')}")

@@ -27,6 +27,7 @@ from pathlib import Path
 from ._aggregator import Aggregator, Key
 from ._consumer import BaseConsumer, Consumer
 from ._filters import PathFilter, under
+from ._prune import PruneGuard, RootId
 from ._queue import Item, WorkQueue
 from ._scan import DigestCache, Found, Probe, Trust, local_devices, probe, scan
 from ._sources.base import Coverage, EventKind, SourceEvent
@@ -295,7 +296,8 @@ class Engine:
                     elif under(root, top):
                         jobs.append((str(root), str(root), s.filter.recursive))
         jobs = list(dict.fromkeys(jobs))
-        views = [_View(s.name, s.filter, s._owns, s.records.by_str, s.queue.queued_fingerprint, self.agg)
+        views = [_View(s.name, s.filter, s._owns, s.records.by_str, s.queue.queued_fingerprint, self.agg,
+                       frozenset(s.queue.guard.held), s.queue.guard if tops is None else None)
                  for s in slots]
         scopes = [str(t) for t in tops] if tops is not None else None
         covered: frozenset[str] | None = None
@@ -320,6 +322,8 @@ class Engine:
             slot = self.slots.get(view.name)
             if slot is not None:
                 slot._owns.update(view.learned)
+                if view.name in diff.roots:
+                    slot.queue.guard.remember_roots(diff.roots[view.name])
         for key, error in diff.errors:
             self._warn(key, error)
         now = self.clock()
@@ -374,6 +378,7 @@ class Engine:
         digests: dict[tuple[str, Fingerprint], str | None] = {}
         if want:
             digests = await asyncio.to_thread(_digest_all, self.digests, want)
+        holds = await self._judge_removals(released)
         for key, root, fp, forced, reason in released:
             slot = self.slots.get(key[0])
             if slot is None:
@@ -386,7 +391,28 @@ class Engine:
                 self._warn(key[1], f"cannot read for a content digest: {digest[len(_UNREADABLE):]}")
                 digest = None  # hand it over without one: the consumer reports its own error
             self.stats.handed_over += 1
-            slot.queue.put(Item(key[1], root, fp, digest, forced, reason))
+            item = Item(key[1], root, fp, digest, forced, reason)
+            if fp is None:
+                item.hold = holds.get(key)
+            slot.queue.put(item)
+
+    async def _judge_removals(
+        self, released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]]
+    ) -> dict[Key, str]:
+        """Deletions whose input looks lost (see :mod:`reloadd._prune`): held instead of handed over."""
+        gone: dict[str, list[str]] = {}
+        for key, _, fp, _, _ in released:
+            slot = self.slots.get(key[0])
+            if fp is None and slot is not None and key[1] in slot.records.by_str:
+                gone.setdefault(key[0], []).append(key[1])
+        if not gone:
+            return {}
+
+        def judge() -> dict[Key, str]:
+            return {(name, k): why for name, keys in gone.items()
+                    for k, why in self.slots[name].queue.guard.check(keys).items()}
+
+        return await asyncio.to_thread(judge)
 
     def _root_of(self, key: Key) -> Path:
         slot = self.slots.get(key[0])
@@ -428,6 +454,8 @@ class _View:
     records: Mapping[str, PathRecord]
     queued: Callable[[str, object], object]  # WorkQueue.queued_fingerprint
     agg: Aggregator
+    prune_held: frozenset[str] = frozenset()  # removals held: looked at when found, not re-judged when missing
+    guard: PruneGuard | None = None  # set on a walk of every root: its roots' identities are taken after it
     learned: dict[str, bool] = field(default_factory=dict)
 
     def owned(self, key: str) -> bool:
@@ -442,6 +470,7 @@ class _View:
 class _Diff:
     observe: list[tuple[str, str]] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
+    roots: dict[str, dict[str, RootId]] = field(default_factory=dict)  # per consumer, after a complete walk
 
 
 def _diff(
@@ -488,6 +517,8 @@ def _diff(
                 warned.add(key)
                 out.errors.append((key, error))
         in_scope = c.before
+        if len(in_scope) == c.met and c.view.guard is not None:
+            out.roots[c.view.name] = c.view.guard.root_ids()  # every record met: the roots are the good ones
         if len(in_scope) != c.met:
             if everything is None:
                 walked: Found = {}
@@ -513,10 +544,13 @@ class _Compare:
         roots = scopes if scopes is not None else [str(r) for r in view.filter.roots]
         self.roots = frozenset(roots)
         self.prefixes = tuple(r if r.endswith("/") else r + "/" for r in roots)
-        self.held = {key for name, key in view.agg.keys_snapshot() if name == view.name}
+        # Settling in the aggregator, or a held removal: either is looked at again when the walk meets it.
+        self.held = {key for name, key in view.agg.keys_snapshot() if name == view.name} | view.prune_held
         # The recorded paths under the scope, as the walk starts: one atomic copy of the keys (references,
-        # not new strings), filtered once here so a path met on the walk costs one set lookup.
-        self.before = {key for key in list(view.records) if key in self.roots or key.startswith(self.prefixes)}
+        # not new strings), filtered once here so a path met on the walk costs one set lookup. A held
+        # removal is not counted: missing, it stays held; met, it is taken up through ``held``.
+        self.before = {key for key in list(view.records)
+                       if (key in self.roots or key.startswith(self.prefixes)) and key not in view.prune_held}
 
     def take(self, found: Found, listed: set[str]) -> None:
         """Compare one chunk of a walk: ``found`` stat-ed, ``listed`` met in covered directories (no stat)."""

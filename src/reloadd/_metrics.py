@@ -171,6 +171,11 @@ class ReloaderCollector(Collector):
                                       "Unix time of the last acknowledged path (0: never).", labels=lab),
             "stat": GaugeMetricFamily("reloadd_consumer_stat", "Plugin-specific counters and gauges.",
                                       labels=["consumer", "name"]),
+            "prune": GaugeMetricFamily(
+                "reloadd_prune_held", "What held removals would remove (prune safety): objects, images or "
+                "files, as the consumer counts them; run `reloadd reload --confirm-prune` or bring the input back.",
+                labels=lab),
+            "prune_paths": GaugeMetricFamily("reloadd_prune_held_paths", "Paths whose removal is held.", labels=lab),
         }
         for name, slot in sorted(engine.slots.items()):
             q, st = slot.queue, slot.queue.stats
@@ -186,6 +191,9 @@ class ReloaderCollector(Collector):
             fam["rejected"].add_metric([name], counts.rejected)
             fam["age"].add_metric([name], q.oldest_age())
             fam["last"].add_metric([name], st.last_success or 0.0)
+            held = q.held_removals()
+            fam["prune"].add_metric([name], sum(h["size"] for h in held))
+            fam["prune_paths"].add_metric([name], len(held))
             stats = getattr(slot.consumer, "stats", None)
             if isinstance(stats, dict):
                 for key, value in sorted(stats.items()):

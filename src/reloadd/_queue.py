@@ -22,8 +22,10 @@ import tenacity
 
 from ._consumer import Consumer
 from ._errors import ConsumerError, PermanentError, StateError
+from ._filters import PathFilter
+from ._prune import PruneGuard
 from ._state import RecordStore
-from ._types import Ack, Batch, Change, ChangeKind, Fingerprint, PathRecord, Reason, Reject, Result, Retry
+from ._types import Ack, Batch, Change, ChangeKind, Fingerprint, Hold, PathRecord, Reason, Reject, Result, Retry
 
 __all__ = ["Item", "Needed", "QueueCounts", "QueueStats", "WorkQueue", "change_kind", "needed"]
 
@@ -52,6 +54,8 @@ class Item:
     deferred: str | None = None
     group: str | None = None
     checked: bool = False  # found needed when queued, with no batch of its path running: not asked again
+    hold: str | None = None  # the engine judged this removal's input lost: held, not queued (why)
+    confirmed: bool = False  # a person confirmed this held removal
 
     @property
     def path(self) -> Path:
@@ -148,6 +152,7 @@ class WorkQueue:
             group are handed over in one batch.
         group_settling: Whether a path of a group is still settling upstream (the
             engine holds it); the group's queued paths wait for it.
+        guard: The consumer's prune safety (held removals, persisted); default: one in memory.
     """
 
     def __init__(
@@ -164,6 +169,7 @@ class WorkQueue:
         waits_for: Callable[[], tuple[str, ...]] | None = None,
         group_of: Callable[[Path], str | None] | None = None,
         group_settling: Callable[[str], bool] = lambda group: False,
+        guard: PruneGuard | None = None,
     ) -> None:
         self.consumer = consumer
         self.records = records
@@ -187,6 +193,13 @@ class WorkQueue:
         """The consumers this queue's batches wait for right now (``after``)."""
         self._held_groups: frozenset[str] = frozenset()
         self.stats = QueueStats()
+        self.guard = guard if guard is not None else PruneGuard(
+            PathFilter(roots=()), records.by_str, lambda key: False, None)
+        """Held removals: persisted, listed in status, run only when confirmed."""
+        self._held: dict[str, Item] = {}  # held this run (the guard also lists holds of earlier runs)
+        self._announce: dict[str, list[str]] = {}  # new holds not yet logged, by why
+        self._background: set[asyncio.Task[None]] = set()
+        self._persist_pending = False
 
     # Inspection ------------------------------------------------------------------
     @property
@@ -268,13 +281,22 @@ class WorkQueue:
             "oldest_pending_age": round(self.oldest_age(), 3),
             "waiting_for": list(self.waiting_for),
             "held_groups": sorted(self._held_groups),
+            "prune_held": self.held_removals(),
+            "prune_held_unit": str(getattr(self.consumer, "removal_unit", "files")),
             "batches": self.stats.batches,
             "last_success": self.stats.last_success,
         }
 
     # Input -----------------------------------------------------------------------
     def put(self, item: Item) -> None:
-        """Queue a settled path, merging with what is already queued for it."""
+        """Queue a settled path, merging with what is already queued for it.
+
+        A removal the engine judged held (``item.hold``) waits outside the queue. A held path
+        found again ends its hold: unchanged, nothing is handed over; changed, it goes as usual.
+        """
+        if item.hold is not None or item.key in self._held or item.key in self.guard.held:
+            if self._held_again(item):
+                return
         old = self._items.get(item.key)
         if old is not None:
             if old.fingerprint == item.fingerprint and not item.forced:
@@ -292,6 +314,113 @@ class WorkQueue:
         self._items[item.key] = item
         self._wakeup.set()
         self._on_change()
+
+    def _held_again(self, item: Item) -> bool:
+        """Whether ``item`` is taken up by the held state (else it goes through the ordinary rules)."""
+        key = item.key
+        if item.hold is not None:
+            if self._recs.get(key) is None:
+                return True  # never acknowledged: nothing to remove, nothing to hold
+            self._hold(item, item.hold)
+            return True
+        held = self._held.get(key)
+        if held is not None and held.fingerprint == item.fingerprint and not item.forced:
+            return True  # found again as it was held (a consumer's own Hold of this content)
+        self._held.pop(key, None)
+        if self.guard.release(key):
+            log.info("Released the held removal of %s in consumer %s: the path is back", key, self.consumer.name)
+            self._persist_soon()
+            self._on_change()
+        return False
+
+    def _hold(self, item: Item, why: str) -> None:
+        self._items.pop(item.key, None)
+        item.hold = why
+        item.confirmed = False
+        item.checked = False
+        item.attempts = 0
+        item.last_error = item.deferred = None
+        item.not_before = 0.0
+        self._held[item.key] = item
+        _, new = self.guard.hold(item.key, why)
+        if new:
+            if not self._announce:
+                asyncio.get_running_loop().call_soon(self._announce_holds)
+            self._announce.setdefault(why, []).append(item.key)
+        self._persist_soon()
+        self._on_change()
+
+    def _announce_holds(self) -> None:
+        """One WARNING per reason for the holds of one turn of the loop, and the consumer's hook."""
+        announce, self._announce = self._announce, {}
+        hook = getattr(self.consumer, "removals_held", None)
+        for why, keys in announce.items():
+            shown = ", ".join(sorted(keys)[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+            log.warning(
+                "Holding the removal of %d path(s) of consumer %s: %s (%s); nothing is removed until they "
+                "come back or `reloadd reload --confirm-prune` is run", len(keys), self.consumer.name, why, shown,
+            )
+            if callable(hook):
+                self._spawn(self._call_hook(hook, [Path(k) for k in sorted(keys)], why))
+
+    async def _call_hook(self, hook: Callable[..., Any], paths: list[Path], why: str) -> None:
+        try:
+            await hook(paths, why)
+        except Exception as exc:  # a report that failed must not stop the queue
+            log.warning("Failed to report held removals of consumer %s: %s", self.consumer.name, exc)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _persist_soon(self) -> None:
+        """Write the held removals soon: one flush for every hold made in this turn of the loop."""
+        if self.records.persistent and not self._persist_pending:
+            self._persist_pending = True
+            self._spawn(self._persist())
+
+    async def _persist(self) -> None:
+        self._persist_pending = False  # a hold made while this flush runs schedules another
+        await self.flush()
+
+    def confirm_prune(self) -> int:
+        """A person confirmed: hand every held removal over, flagged ``prune_confirmed``; returns how many.
+
+        Holds persisted by an earlier run whose deletion was not handed over again yet are
+        confirmed too: they run as soon as it is.
+        """
+        keys = self.guard.confirm()
+        for key in keys:
+            item = self._held.pop(key, None)
+            if item is None or key in self._items:
+                continue  # handed over when the engine finds it gone again; or a newer change goes instead
+            item.hold = None
+            item.confirmed = True
+            item.since = self._clock()
+            self._items[key] = item
+        if keys:
+            log.warning("Running %d held removal(s) of consumer %s: confirmed by an operator",
+                        len(keys), self.consumer.name)
+            self._persist_soon()
+            self._wakeup.set()
+            self._on_change()
+        return len(keys)
+
+    def held_removals(self) -> list[dict[str, Any]]:
+        """The held removals, each with its path, why, since (wall clock) and size (what it would remove)."""
+        size = getattr(self.consumer, "removal_size", None)
+        out = []
+        for key, h in sorted(self.guard.held.items()):
+            n = 1
+            rec = self._recs.get(key)
+            if callable(size) and rec is not None:
+                try:
+                    n = int(size(rec))
+                except Exception:  # a plugin's count must not break status
+                    n = 1
+            out.append({"path": key, "why": h.why, "since": round(h.since, 3), "size": n})
+        return out
 
     def _needed(self, item: Item) -> bool:
         rec = self._recs.get(item.key)
@@ -401,7 +530,7 @@ class WorkQueue:
 
     def _change_of(self, item: Item) -> Change:
         kind = change_kind(self._recs.get(item.key), item.fingerprint)
-        return Change(item.path, kind, item.fingerprint, item.digest, item.forced, item.root)
+        return Change(item.path, kind, item.fingerprint, item.digest, item.forced, item.root, item.confirmed)
 
     async def _run_batch(self, items: list[Item]) -> None:
         changes = tuple(self._change_of(i) for i in items)
@@ -409,8 +538,13 @@ class WorkQueue:
         by_path: dict[Path, tuple[Item, Change]] = {}  # built at the first early report (hashing Paths costs)
         settled: set[str] = set()  # reported early: recorded, released on their own
         releases: list[asyncio.Task[None]] = []
+        loop = asyncio.get_running_loop()
+        finished = False  # handle() returned or raised: a late report has nothing left to settle
 
-        def report(path: Path, result: Result) -> None:
+        def on_loop(path: Path, result: Result) -> None:
+            if finished:
+                log.debug("Consumer %s reported %s after its batch ended; ignored", self.consumer.name, path)
+                return
             if not by_path:
                 by_path.update((c.path, (i, c)) for i, c in zip(items, changes, strict=True))
             entry = by_path.get(path)
@@ -419,7 +553,15 @@ class WorkQueue:
             item, change = entry
             settled.add(item.key)
             self._apply(item, change, result)
-            releases.append(asyncio.get_running_loop().create_task(self._release(item)))
+            releases.append(loop.create_task(self._release(item)))
+
+        def report(path: Path, result: Result) -> None:
+            # From a worker thread (asyncio.to_thread) the report is handed to the loop; it runs there
+            # before that thread's own result wakes handle(), both being queued in call order.
+            if _on_thread_of(loop):
+                on_loop(path, result)
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(on_loop, path, result)
 
         batch = Batch(self.consumer.name, reason, changes, reporter=report)
         results: Mapping[Path, Result]
@@ -433,11 +575,13 @@ class WorkQueue:
                     rest = tuple(c for i, c in zip(items, changes, strict=True) if i.key not in settled)
                     results = await self._one_by_one(replace(batch, changes=rest), exc) if rest else {}
         except asyncio.CancelledError:
+            finished = True
             for item in items:  # abandoned, not lost: still unacknowledged on disk
                 if item.key not in settled:
                     self._inflight.pop(item.key, None)
                     self._items.setdefault(item.key, item)
             raise
+        finished = True
         self.stats.batches += 1
         try:
             for item, change in zip(items, changes, strict=True):
@@ -511,6 +655,8 @@ class WorkQueue:
         prev = self._recs.get(path)
         if result is None:
             result = Ack(prev.data if prev is not None else None)
+        if not isinstance(result, Retry | Hold):
+            self.guard.done(path)
         if isinstance(result, Ack):
             self.stats.acked += 1
             self.stats.last_success = time.time()
@@ -527,10 +673,13 @@ class WorkQueue:
             else:
                 data = result.data if result.data is not None else (prev.data if prev else None)
                 self.records.put(path, PathRecord(item.fingerprint, item.digest, data, result.error))
+        elif isinstance(result, Hold):
+            if path not in self._items and path not in self._held:  # else a newer change goes instead
+                self._hold(item, result.why)
         elif isinstance(result, Retry):
             self.stats.retried += 1
-            if path in self._items:
-                return  # a newer change is already queued; it goes next, without backoff
+            if path in self._items or path in self._held:
+                return  # a newer change is already queued (or held); it goes next, without backoff
             if result.failure:
                 item.attempts += 1
                 item.last_error = result.error
@@ -562,17 +711,27 @@ class WorkQueue:
         """Persist buffered record changes (written off the event loop, from a copy taken on it)."""
         async with self._flush_lock:
             job = self.records.prepare()
-            if job is None:
-                return
-            try:
-                await asyncio.to_thread(self.records.write, job)
-            except StateError as exc:
-                self.records.failed(job)
-                log.error("Failed to persist state of consumer %s: %s", self.consumer.name, exc)
+            if job is not None:
+                try:
+                    await asyncio.to_thread(self.records.write, job)
+                except StateError as exc:
+                    self.records.failed(job)
+                    log.error("Failed to persist state of consumer %s: %s", self.consumer.name, exc)
+            if self.records.persistent:
+                holds = self.guard.prepare()
+                if holds is not None:
+                    try:
+                        await asyncio.to_thread(self.guard.write, holds)
+                    except StateError as exc:
+                        self.guard.failed()
+                        log.error("Failed to persist held removals of consumer %s: %s", self.consumer.name, exc)
 
     async def drain(self, grace: float) -> None:
         """Stop dispatching; let in-flight batches finish within ``grace`` seconds, cancel the rest."""
         self._accepting = False
+        for task in list(self._background):
+            task.cancel()  # hold reports and early flushes: the final flush below writes what they would have
+        await asyncio.gather(*self._background, return_exceptions=True)
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
             for task in pending:
@@ -584,3 +743,11 @@ class WorkQueue:
                 )
                 await asyncio.gather(*pending, return_exceptions=True)
         await self.flush()
+
+
+def _on_thread_of(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the caller runs on ``loop`` (not in a worker thread, nor in another loop)."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

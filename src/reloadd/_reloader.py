@@ -21,13 +21,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._aggregator import Aggregator, Timing
-from ._building import PrivateDirs, Trigger, bind, build_consumer, embedded_config, path_filter, records_for
+from ._building import (
+    PrivateDirs,
+    RemovalHeld,
+    Trigger,
+    bind,
+    build_consumer,
+    embedded_config,
+    path_filter,
+    records_for,
+)
 from ._config import Config, ConsumerConfig
 from ._consumer import Consumer
 from ._engine import Engine, Force, Slot
 from ._errors import ConfigError, WatchLimitError
 from ._order import check_after, group_matcher
 from ._plugins import SOURCE_GROUP, load
+from ._prune import PruneGuard
 from ._queue import WorkQueue
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import RecordStore, lock_state_dir
@@ -112,8 +122,25 @@ class Reloader:
 
         return trigger
 
+    def _removal_held_for(self, name: str) -> RemovalHeld:
+        def removal_held(path: Path) -> str | None:
+            engine = self._engine
+            slot = engine.slots.get(name) if engine is not None else None
+            return slot.queue.guard.removal_held(path) if slot is not None else None
+
+        return removal_held
+
     def _slot(self, consumer: Consumer, records: RecordStore, cc: ConsumerConfig) -> Slot:
         filt = path_filter(consumer, cc)
+
+        def owned(key: str) -> bool:
+            if not filt.matches(key):
+                return False
+            try:
+                return bool(consumer.accepts(Path(key)))
+            except Exception:  # the engine logs a failing accepts(); here it only means "not a file of ours"
+                return False
+
         custom = getattr(consumer, "group", None)
         group_of = custom if callable(custom) else group_matcher(cc.group, filt.roots)
         name = consumer.name
@@ -123,6 +150,7 @@ class Reloader:
             group_of=group_of,
             group_settling=lambda g: self._engine is not None and group_of is not None and self._engine.holds_any(
                 name, lambda p: group_of(p) == g),
+            guard=PruneGuard(filt, records.by_str, owned, records.directory),
         )
         return Slot(consumer, filt, records, queue)
 
@@ -180,11 +208,12 @@ class Reloader:
             records = await asyncio.to_thread(records_for, cfg.state_dir, cc.name)
             private = await asyncio.to_thread(self._private.get, records, cc.name)
             consumer = await asyncio.to_thread(
-                build_consumer, cc, records, private, cfg.source, self._trigger_for(cc.name))
+                build_consumer, cc, records, private, cfg.source, self._trigger_for(cc.name),
+                self._removal_held_for(cc.name))
             built.append((consumer, records, cc))
         for consumer in self._extra:
             records = await asyncio.to_thread(records_for, cfg.state_dir, consumer.name)
-            bind(consumer, records, self._trigger_for(consumer.name))
+            bind(consumer, records, self._trigger_for(consumer.name), self._removal_held_for(consumer.name))
             built.append((consumer, records, embedded_config(consumer)))
         names = [b[0].name for b in built]
         if len(set(names)) != len(names):
@@ -198,6 +227,8 @@ class Reloader:
                     conf.max_delay if conf.max_delay is not None else cfg.max_delay,
                 ))
         slots = [self._slot(c, r, cc) for c, r, cc in built]
+        for slot in slots:
+            await asyncio.to_thread(slot.queue.guard.load)
         self._engine = engine = Engine(slots, agg, clock=self._clock, on_change=self._notify,
                                        full_rescan_every=self.config.full_rescan_every)
         for slot in slots:
@@ -340,6 +371,25 @@ class Reloader:
             raise RuntimeError("trigger() called before the Reloader started; use `async with Reloader(...)`")
         forced = None if paths is None else tuple(Path(p) for p in paths)
         self._call_in_loop(self._force, None, forced)
+
+    async def confirm_prune(self, consumer: str | None = None) -> int:
+        """Run the removals prune safety holds (every consumer's, or one's); returns how many.
+
+        The operator's ``reloadd reload --confirm-prune``: each held removal is handed over
+        with ``Change.prune_confirmed`` set, so a consumer's own limits let it through. Await it
+        on the reloader's loop (from another thread: ``asyncio.run_coroutine_threadsafe``).
+
+        Raises:
+            RuntimeError: the reloader has not started, or is closed.
+            KeyError: no consumer has that name.
+        """
+        if self._closed or self._engine is None:
+            raise RuntimeError("confirm_prune() needs a running Reloader")
+        slots = self._engine.slots
+        if consumer is not None and consumer not in slots:
+            raise KeyError(f"no consumer named {consumer!r} (have: {', '.join(sorted(slots))})")
+        chosen = [slots[consumer]] if consumer is not None else list(slots.values())
+        return sum(s.queue.confirm_prune() for s in chosen)
 
     def _call_in_loop(self, fn: Callable[..., None], *args: object) -> None:
         """Run ``fn`` now when on the reloader's loop, else hand it over thread-safely."""

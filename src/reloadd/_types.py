@@ -15,6 +15,7 @@ __all__ = [
     "Change",
     "ChangeKind",
     "Fingerprint",
+    "Hold",
     "JSONValue",
     "PathRecord",
     "Plan",
@@ -100,6 +101,8 @@ class Change:
         digest: SHA-256 hex of the content when the engine computed it, else ``None``.
         forced: True when a resync asked for the path whatever its fingerprint.
         root: The configured root the path was found under.
+        prune_confirmed: A person confirmed this held removal (``reloadd reload --confirm-prune``):
+            run it, whatever a consumer's own limits (``max_prune``) say.
     """
 
     path: Path
@@ -108,6 +111,7 @@ class Change:
     digest: str | None = None
     forced: bool = False
     root: Path | None = None
+    prune_confirmed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,11 @@ class Batch:
         batch while this one goes on (a slow file then delays no other file of its batch). The
         mapping ``handle()`` returns may leave the path out or repeat it; the first result
         stands. Paths not in this batch, and batches made outside the engine, ignore it.
+
+        Safe from any thread (a consumer doing blocking work in ``asyncio.to_thread``): the
+        result is handed to the engine's loop, where it takes effect before ``handle()``
+        resumes. A report made after ``handle()`` returned or raised is ignored; the path
+        never stays in flight.
         """
         if self.reporter is not None:
             self.reporter(path, result)
@@ -172,7 +181,25 @@ class Reject:
     data: JSONValue = None
 
 
-Result: TypeAlias = Ack | Retry | Reject
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Do not act on the path: keep its change held until a person confirms it or the path changes.
+
+    For removals a consumer judges too large to run unasked (``kube-manifests``' ``max_prune``).
+    The record stays as it was; the change waits outside the queue (it holds back no other path and
+    no consumer ordered ``after`` this one), is listed under *prune held* in status and metrics, and
+    is persisted, so a restart does not run it either. It is handed over again with
+    ``Change.prune_confirmed`` after ``reloadd reload --confirm-prune``, or as an ordinary change when
+    the file changes (a deleted file that comes back unchanged is simply released).
+
+    Attributes:
+        why: Shown in status and logs (``"3 files would prune 41 objects, over max_prune (10)"``).
+    """
+
+    why: str
+
+
+Result: TypeAlias = Ack | Retry | Reject | Hold
 """What a consumer says about one path of a batch."""
 
 

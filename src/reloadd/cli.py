@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ._building import build_consumer
 from ._config import Config, load_config
-from ._control import query_status, send_reload
+from ._control import confirm_prune, query_status, send_reload
 from ._errors import ReloaddError
 from ._logging import configure_logging
 from ._pidfile import remove_pid_file, signal_pid_file, write_pid_file
@@ -49,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=argparse.SUPPRESS)
         if name in ("status", "plan"):
             p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "reload":
+            p.add_argument("--confirm-prune", action="store_true",
+                           help="run the removals prune safety holds (see `reloadd status`) instead of a resync")
+            p.add_argument("--consumer", help="with --confirm-prune: only this consumer's held removals")
     return ap
 
 
@@ -143,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"reloadd: {args.config}: OK ({len(cfg.consumers)} consumer(s))")
         return 1 if problems else 0
     if args.command == "reload":
+        if args.confirm_prune:
+            return confirm_prune(cfg, args.consumer)
         return _reload(cfg)
     if args.command == "status":
         return query_status(cfg, as_json=args.json)

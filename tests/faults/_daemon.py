@@ -28,19 +28,21 @@ class Daemon:
     """One `reloadd run --config cfg` in its own session, so SIGKILL takes its hooks down with it."""
 
     def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None,
-                 control_socket: Path | None = None, args: tuple[str, ...] = ()) -> None:
+                 control_socket: Path | None = None, args: tuple[str, ...] = (),
+                 prefix: tuple[str, ...] = ()) -> None:
         self.config = config
         self.log = log
         self.env = {**os.environ, **(env or {})}
         self.control_socket = control_socket
         self.args = args
+        self.prefix = prefix  # a wrapper command (setpriv dropping capabilities)
         self.proc: asyncio.subprocess.Process | None = None
         self.starts = 0
 
     async def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "reloadd", *self.args, "run", "--config", str(self.config),
+                *self.prefix, sys.executable, "-m", "reloadd", *self.args, "run", "--config", str(self.config),
                 env=self.env, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             )
         self.starts += 1

@@ -224,7 +224,8 @@ async def soak(tmp_path: Path, kube: KubeCluster, seconds: float, reliability: R
                  "options": {"registries_conf": str(etc / "registries.conf"), "registries_conf_d": str(conf_d),
                              "hosts_dir": str(hosts), "certs_dirs": [], "containerd_config": ""}},
                 {"name": "manifests", "plugin": "kube-manifests", "paths": [str(manifests)],
-                 "options": {"kubeconfig": str(kube.kubeconfig), "parallel": 2}},
+                 # the churn deletes files many times a second on purpose: no max_prune hold
+                 "options": {"kubeconfig": str(kube.kubeconfig), "parallel": 2, "max_prune": 0}},
             ],
         })
         acked = {name: Acked() for name in ("images", "mirrors", "manifests")}

@@ -126,7 +126,8 @@ async def test_corpus_lands_as_kubectl_lands_it(make_harness: Any, kube: KubeClu
     assert len(files) == EXPECTED_FILES, "the corpus changed: update EXPECTED_FILES and corpus/README.md"
     kubeconfig = kubeconfig_in(kube, namespace, tmp_path / "kubeconfig.json")
     kubectl = Kubectl(kubeconfig, tmp_path / "kubectl-cache")
-    h: Harness = await make_harness(kubeconfig, namespace=namespace, field_manager=RELOADD_MANAGER)
+    # The corpus is removed in one pass on purpose, far over the default max_prune: no hold.
+    h: Harness = await make_harness(kubeconfig, namespace=namespace, field_manager=RELOADD_MANAGER, max_prune=0)
     locate = Locator(kube)
     urls: dict[str, str] = {}  # ref → object URL, for everything the corpus declares
     rendered = tmp_path / "rendered"

@@ -242,6 +242,7 @@ async def test_a_restart_in_the_window_neither_loses_the_prune_nor_the_move(
     gone = {"gone": f"/api/v1/namespaces/{namespace}/configmaps/gone"}
     write_atomic(root / "dir" / "app.yaml", app(namespace))
     write_atomic(root / "gone.yaml", [cm("gone", namespace, v="1")])
+    write_atomic(root / "stays.yaml", [cm("stays", namespace, v="1")])  # not every file goes: no prune hold
     long = config(kube, tmp_path, [root], move_grace="60s")
 
     def still_there(urls_: dict[str, str]) -> Callable[[], bool]:

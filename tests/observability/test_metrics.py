@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import shutil
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import pytest
+import yaml
 
 import reloadd._http
 from reloadd import BaseConsumer, Batch, ConfigError, ConsumerContext, Reject, Reloader, Result, load_config
 from reloadd._http import parse_listen
 from reloadd._services import Services, services
+from tests.faults._daemon import until
 
 from .support import Hook, eventually, http_get, sample, scrape, write_config
 
@@ -167,6 +172,28 @@ class Gated(BaseConsumer):
         self.entered.set()
         await self.gate.wait()
         return {}
+
+
+async def test_a_prune_hold_is_counted_and_alerted_on_while_readyz_stays_ready(
+    running: tuple[Reloader, Services, str], watched: Path
+) -> None:
+    r, _, base = running
+    for i in range(3):
+        (watched / f"f{i}.conf").write_text(str(i))
+    await until(lambda: len(r.engine.slots["hook"].records) == 3, what="3 files acknowledged")
+    await r.wait_idle(10)
+    shutil.rmtree(watched)
+    os.mkdir(watched)  # emptied in one step: held
+    await until(lambda: len(r.status()["consumers"]["hook"]["prune_held"]) == 3, what="3 removals held")
+    m = await scrape(base)
+    assert sample(m, "reloadd_prune_held", consumer="hook") == 3
+    assert sample(m, "reloadd_prune_held_paths", consumer="hook") == 3
+    assert (await http_get(base + "/readyz"))[0] == 200, "a hold keeps the node on its last good state: ready"
+    rules = yaml.safe_load((Path(__file__).parents[2] / "examples/prometheus/reloadd-alerts.yaml").read_text())
+    exported = {name for name, _ in m}
+    for rule in rules["groups"][0]["rules"]:
+        used = set(re.findall(r"\breloadd_[a-z_]+", rule["expr"]))
+        assert used and used <= exported, (rule["alert"], used - exported)
 
 
 async def test_readyz_turns_ready_only_after_the_initial_pass(tmp_path: Path, watched: Path) -> None:

@@ -55,7 +55,8 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def running_reloader(tmp_path: Path, **options: Any) -> AsyncIterator[Running]:
+async def running_reloader(tmp_path: Path, *, settings: dict[str, Any] | None = None,
+                           **options: Any) -> AsyncIterator[Running]:
     etc = tmp_path / "etc"
     conf_d = etc / "registries.conf.d"
     conf_d.mkdir(parents=True)
@@ -71,7 +72,8 @@ async def running_reloader(tmp_path: Path, **options: Any) -> AsyncIterator[Runn
     }
     cfg = parse_config(
         {
-            "reloadd": {"state_dir": str(tmp_path / "state"), "quiet": "100ms", "max_delay": "2s"},
+            "reloadd": {"state_dir": str(tmp_path / "state"), "quiet": "100ms", "max_delay": "2s",
+                        **(settings or {})},
             "consumer": [{"name": "mirrors", "plugin": "registry-mirrors", "options": opts}],
         }
     )

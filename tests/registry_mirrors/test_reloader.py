@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults._daemon import until
+
 from .conftest import mirror_conf
 from .harness import HOST, running_reloader, sh
 
@@ -74,25 +76,26 @@ async def test_moving_a_drop_in_out_removes_its_mirror_once(tmp_path: Path, dest
         assert not (run.hosts / HOST).exists()
 
 
-async def test_deleting_and_recreating_the_folder_reloads_once_each(tmp_path: Path) -> None:
+async def test_deleting_the_folder_holds_its_mirrors_and_recreating_it_reloads_once(tmp_path: Path) -> None:
     async with running_reloader(tmp_path) as run:
         drop = run.conf_d / "50-mirror.conf"
         drop.write_text(mirror_conf(HOST, "127.0.0.1:5001"))
         await run.wait_path(drop)
         run.batches.clear()
 
-        shutil.rmtree(run.conf_d)
-        await run.wait_path(drop)
-        await run.settle()
-        assert len(run.batches_for(drop)) == 1
-        assert run.mirrors() is None
+        shutil.rmtree(run.conf_d)  # a vanished registries.conf.d: its removal is held (prune safety, #21)
+        await until(lambda: bool(run.reloader.status()["consumers"]["mirrors"]["prune_held"]), what="held")
+        await run.settle()  # another input changes: everything is re-read, the held host stays
+        assert run.batches_for(drop) == []
+        assert run.mirrors() == ["http://127.0.0.1:5001"]
 
         run.conf_d.mkdir()
         drop.write_text(mirror_conf(HOST, "127.0.0.1:5003"))
-        await run.wait_path(drop, 2)
+        await run.wait_path(drop)
         await run.settle()
-        assert len(run.batches_for(drop)) == 2
+        assert len(run.batches_for(drop)) == 1
         assert run.mirrors() == ["http://127.0.0.1:5003"]
+        assert not run.reloader.status()["consumers"]["mirrors"]["prune_held"]
 
 
 async def test_broken_drop_in_is_recorded_and_last_good_kept(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from reloadd import (
     ChangeKind,
     ConsumerContext,
     ConsumerError,
+    PathRecord,
     PermanentError,
     Plan,
     Reject,
@@ -56,6 +57,7 @@ class ContainerdImagesConsumer(BaseConsumer):
     """
 
     content_digest = False  # multi-GB tarballs: stat identity is enough
+    removal_unit = "images"  # what a held removal (prune safety) would unpin or remove
 
     def __init__(self, ctx: ConsumerContext, settings: Settings) -> None:
         super().__init__(ctx)
@@ -100,6 +102,11 @@ class ContainerdImagesConsumer(BaseConsumer):
         if self._client is None:
             self._client = ContainerdClient(self.settings.address, self.settings.namespace, self.settings.timeout)
         return self._client
+
+    def removal_size(self, record: PathRecord) -> int:
+        """The images a file's removal would release (``on_delete``), from its data."""
+        st = state_of(record.data)
+        return len(st.images) if st is not None else 0
 
     def accepts(self, path: Path) -> bool:
         """Tarballs (``.tar[.gz|.zst|.bz2|.lz4]``, ``.tgz``, ``.tzst``, ``.tbz``) and ``.txt`` lists."""

@@ -17,13 +17,20 @@ A move whose delete arrives first (``mkdir new && mv dir/app.yaml new/``: the ne
 once the folder is watched) is covered by the move grace (see ``_moves``): the removal of a deleted file
 answers ``Retry`` for up to ``move_grace`` seconds, so a file that declares its objects can take them over
 first, and the delete is acknowledged only once the removal has run.
+
+Prune safety: the core holds the deletions of a root that looks lost (see ``reloadd._prune``); this
+consumer adds ``max_prune``, a limit on the objects deleted files remove in one pass (see
+:meth:`KubeManifestsConsumer._over_max_prune`), and records a Warning Event on the parent of every held
+removal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from reloadd import (
@@ -33,6 +40,8 @@ from reloadd import (
     Change,
     ChangeKind,
     ConsumerContext,
+    Hold,
+    PathRecord,
     Plan,
     PlannedChange,
     Reject,
@@ -43,7 +52,7 @@ from reloadd import (
 )
 
 from ._apply import Applier
-from ._applyset import ObjRef
+from ._applyset import ObjRef, parent_name
 from ._client import KubeClient
 from ._discovery import Discovery
 from ._events import record_event
@@ -63,6 +72,12 @@ _VERSION = "0.1.0"
 _EVENT_AFTER_RETRIES = 3
 """Consecutive transient results of a file before a Warning Event is recorded for it."""
 
+PASS_WINDOW = 2.0
+"""Seconds within which removals count as one pass for ``max_prune``: a burst the engine hands over in several
+batches (their settle times differ by milliseconds) is one pass; files deleted one by one are not."""
+_MAX_HELD_EVENTS = 20
+"""Parents that get a Warning Event when removals are held at once (the rest are in the log line)."""
+
 
 class KubeManifestsConsumer(BaseConsumer):
     """Server-side applies manifest files and prunes what they no longer contain.
@@ -72,9 +87,13 @@ class KubeManifestsConsumer(BaseConsumer):
         settings: Validated options.
     """
 
+    removal_unit = "objects"
+
     def __init__(self, ctx: ConsumerContext, settings: Settings) -> None:
         super().__init__(ctx)
         self.settings = settings
+        self._removed: deque[tuple[float, int]] = deque()  # (when, objects) of removals run lately
+        self._limit_held: set[Path] = set()  # deleted files held by max_prune
         self.concurrency = settings.concurrency
         self.client: KubeClient | None = None
         self.discovery: Discovery | None = None
@@ -162,6 +181,53 @@ class KubeManifestsConsumer(BaseConsumer):
                 self._discovered = True
             return self.applier
 
+    # --- prune safety --------------------------------------------------------------------------------
+    def removal_size(self, record: PathRecord) -> int:
+        """The objects a file's removal would delete: those it applied (its record's data)."""
+        data = record.data if isinstance(record.data, dict) else {}
+        n = data.get("objects", data.get("applied", 0))
+        return n if isinstance(n, int) else 0
+
+    def _prune_limit(self) -> int:
+        if self.settings.max_prune is not None:
+            return self.settings.max_prune
+        return max(10, sum(self.removal_size(r) for r in self.ctx.records.values()) // 2)
+
+    def _over_max_prune(self, gone: Sequence[Change]) -> str | None:
+        """Why removing these deleted files now would be over ``max_prune``, or ``None``.
+
+        One pass is every removal outstanding at once (this batch's, those waiting out the move grace
+        and those already held by this limit) plus what removals deleted in the last
+        :data:`PASS_WINDOW` seconds, so a mass delete split over several batches is one pass.
+        """
+        limit = self._prune_limit()
+        asked = [c.path for c in gone if not c.prune_confirmed]
+        if limit == 0 or not self.settings.prune or not asked:
+            return None
+        now = time.monotonic()
+        while self._removed and self._removed[0][0] < now - PASS_WINDOW:
+            self._removed.popleft()
+        self._limit_held = {p for p in self._limit_held if p in self.ctx.records and not p.exists()}
+        pending = set(asked) | self._moves.paths() | self._limit_held
+        sizes = {p: self.removal_size(self.ctx.records[p]) for p in pending if p in self.ctx.records}
+        objects = sum(sizes.values()) + sum(n for _, n in self._removed)
+        if objects <= limit:
+            return None
+        return (f"{len(sizes)} deleted file(s) would prune {objects} objects in one pass, over max_prune "
+                f"({limit})")
+
+    async def removals_held(self, paths: Sequence[Path], why: str) -> None:
+        """A Warning Event ``PruneHeld`` on the parent of each held removal (the first 20 of a burst)."""
+        if self.client is None or self.settings.dry_run:
+            return
+        for path in list(paths)[:_MAX_HELD_EVENTS]:
+            await record_event(
+                self.client, self.settings.namespace, parent_name(self.key(path)), reason="PruneHeld",
+                message=f"{path}: removal of its objects held: {why}; `reloadd reload --confirm-prune` removes "
+                        "them, the file coming back releases the hold",
+                warning=True, component=f"reloadd/{self.name}", log=self.log,
+            )
+
     # --- handling ------------------------------------------------------------------------------------
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
         """Apply existing files (concurrently), then remove deleted ones."""
@@ -194,8 +260,15 @@ class KubeManifestsConsumer(BaseConsumer):
             batch.report(change.path, result)  # settled: a slow file of this batch delays no other
 
         await asyncio.gather(*(one(c) for c in live if c.path.suffix.lower() != SKIP_SUFFIX))
+        self._limit_held.difference_update(c.path for c in live)
+        over = self._over_max_prune([c for c in gone if c.path.suffix.lower() != SKIP_SUFFIX])
         for c in gone:
-            if c.path.suffix.lower() != SKIP_SUFFIX:
+            if over is not None and not c.prune_confirmed and c.path.suffix.lower() != SKIP_SUFFIX:
+                self._moves.done(c.path)
+                self._limit_held.add(c.path)
+                results[c.path] = Hold(over)
+                batch.report(c.path, results[c.path])
+            elif c.path.suffix.lower() != SKIP_SUFFIX:
                 async with self._files:
                     results[c.path] = await self._one(applier, c, claimed)
                 if not isinstance(results[c.path], Retry):
@@ -258,11 +331,13 @@ class KubeManifestsConsumer(BaseConsumer):
         try:
             if change.kind is not ChangeKind.DELETED:
                 self._moves.done(path)  # back (or a .skip beside it): no removal waits any more
-            elif (wait := await self._move_wait(applier, path, claimed)) > 0:
+            elif not change.prune_confirmed and (wait := await self._move_wait(applier, path, claimed)) > 0:
                 return Retry(f"removal waits {wait:.1f}s more for another file to declare its objects "
                              "(move_grace)", after=wait, failure=False)
             if change.kind is ChangeKind.DELETED or skipped:
                 out = await applier.remove_file(self.key(path), keep=claimed)
+                self._removed.append((time.monotonic(), len(out.pruned)))
+                self._limit_held.discard(path)
                 self.stats["files_removed"] += 1
                 data = {**out.to_data(), "skipped": True} if skipped else out.to_data()
                 return await self._result(path, out, data, "remove")

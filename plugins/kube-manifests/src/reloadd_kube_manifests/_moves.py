@@ -63,6 +63,10 @@ class MoveGrace:
     def __contains__(self, path: Path) -> bool:
         return path in self._waiting
 
+    def paths(self) -> set[Path]:
+        """The deleted files whose removal waits."""
+        return set(self._waiting)
+
     def wait_for(self, path: Path, key: str, refs: Collection[ObjRef], spared: Collection[ObjRef]) -> float:
         """Seconds the removal of ``path`` must still wait (0: remove it now).
 

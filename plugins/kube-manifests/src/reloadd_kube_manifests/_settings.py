@@ -9,12 +9,14 @@ from typing import Any
 
 from reloadd import Options
 
-__all__ = ["MAX_CONCURRENCY", "MAX_FILE_SIZE", "MAX_PARALLEL", "Settings"]
+__all__ = ["MAX_CONCURRENCY", "MAX_FILE_SIZE", "MAX_PARALLEL", "MAX_PRUNE", "Settings"]
 
 MAX_FILE_SIZE = 1 << 30
 """The largest ``max_file_size`` accepted (1 GiB): a manifest is parsed in memory, whole."""
 MAX_PARALLEL = 256
 """The largest ``parallel``: each object in flight is one request to the API server."""
+MAX_PRUNE = 1 << 31
+"""The largest ``max_prune``; 0 already means "no limit"."""
 MAX_CONCURRENCY = 64
 """The largest ``concurrency``: each file in flight holds its objects and its requests."""
 
@@ -41,6 +43,9 @@ class Settings:
             0 disables them (SIGHUP still forces one).
         move_grace: Seconds the removal of a deleted file waits for a file that declares its objects (the
             other half of a move that reached the consumer in another batch); 0 removes at once.
+        max_prune: Deleted files whose removals would delete more than this many objects in one pass
+            are held (prune safety) until ``reloadd reload --confirm-prune`` or until they come back;
+            ``None``: half of the objects the consumer applied, and at least 10; 0: no limit.
     """
 
     kubeconfig: Path | None = None
@@ -56,6 +61,7 @@ class Settings:
     concurrency: int = 4
     resync_interval: float = 0.0
     move_grace: float = 5.0
+    max_prune: int | None = None
 
     @classmethod
     def from_options(cls, table: Mapping[str, Any], where: str, base: Path | None = None) -> Settings:
@@ -75,6 +81,7 @@ class Settings:
             concurrency=opts.int("concurrency", 4, minimum=1, maximum=MAX_CONCURRENCY),
             resync_interval=opts.duration("resync_interval", 0.0),
             move_grace=opts.duration("move_grace", 5.0),
+            max_prune=opts.int("max_prune", None, minimum=0, maximum=MAX_PRUNE),
         )
         opts.finish()
         return settings

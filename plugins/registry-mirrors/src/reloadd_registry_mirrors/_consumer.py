@@ -17,6 +17,7 @@ from reloadd import (
     Batch,
     ConsumerContext,
     Options,
+    PathRecord,
     Plan,
     PlannedChange,
     Reject,
@@ -85,8 +86,12 @@ class RegistryMirrorsConsumer(BaseConsumer):
     fully valid set is written. On any error the last good files stay, the offending file
     gets a :class:`reloadd.Reject` naming it and the entry, the other paths an Ack.
     A generated text that does not parse back keeps only its own host's previous file and
-    Rejects the input it came from; the other hosts are applied.
+    Rejects the input it came from; the other hosts are applied. The hosts.toml files of an
+    input that is gone while the core holds its removal (prune safety: a vanished or emptied
+    registries.conf.d) stay in place.
     """
+
+    removal_unit = "hosts.toml files"
 
     def __init__(self, ctx: ConsumerContext, settings: Settings) -> None:
         super().__init__(ctx)
@@ -112,6 +117,21 @@ class RegistryMirrorsConsumer(BaseConsumer):
         self._notified_file = ctx.state_dir / "notified.sha256"
         self._notified: str | None = None
         self._held: set[Path] = set()  # acknowledged while another input was broken
+        self._kept: frozenset[str] = frozenset()  # hosts of gone inputs whose removal is held
+
+    def removal_size(self, record: PathRecord) -> int:
+        """The hosts.toml files an input's removal would delete (the hosts it declared)."""
+        hosts = record.data.get("hosts") if isinstance(record.data, dict) else None
+        return len(hosts) if isinstance(hosts, list) else 0
+
+    def _kept_hosts(self) -> frozenset[str]:
+        """Hosts declared by recorded inputs that are gone while their removal is held (blocking)."""
+        kept: set[str] = set()
+        for path, record in list(self.ctx.records.items()):
+            hosts = record.data.get("hosts") if isinstance(record.data, dict) else None
+            if hosts and self.ctx.removal_held(path) is not None:
+                kept.update(str(h) for h in hosts)
+        return frozenset(kept)
 
     def accepts(self, path: Path) -> bool:
         """The main file, the registries.yaml, and ``*.conf`` directly in registries.conf.d."""
@@ -151,8 +171,13 @@ class RegistryMirrorsConsumer(BaseConsumer):
             return outcome, None
         rendered = outcome.rendered
         hosts_dir = self.settings.hosts_dir
+        kept = await asyncio.to_thread(self._kept_hosts)
+        if kept - rendered.files.keys() and kept != self._kept:
+            self.log.warning("Keeping hosts.toml of %s: the inputs that declared them are gone, and their removal is "
+                             "held (prune safety)", ", ".join(sorted(kept - rendered.files.keys())))
+        self._kept = kept
         try:
-            result = await asyncio.to_thread(apply, hosts_dir, rendered.files)
+            result = await asyncio.to_thread(apply, hosts_dir, rendered.files, kept)
         except OSError as exc:
             self.stats["reload_failures"] += 1
             raise TransientError(f"cannot write under {hosts_dir}: {exc}") from exc

@@ -18,7 +18,7 @@ import contextlib
 import os
 import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,8 +159,10 @@ class Step:
     exists: bool = True
 
 
-def decide(root: Path, files: Mapping[str, str]) -> list[Step]:
+def decide(root: Path, files: Mapping[str, str], keep: Collection[str] = ()) -> list[Step]:
     """Decide, reading only, what making ``root`` hold exactly ``files`` takes (see :func:`apply`).
+
+    Directories named in ``keep`` are not removed even when ``files`` leaves them out.
 
     Raises:
         ValueError: a name that is not a valid host directory (never reached with rendered input).
@@ -194,12 +196,12 @@ def decide(root: Path, files: Mapping[str, str]) -> list[Step]:
     except FileNotFoundError:
         entries = []
     for entry in entries:
-        if entry not in files and is_owned(root / entry):
+        if entry not in files and entry not in keep and is_owned(root / entry):
             steps.append(Step(entry, "remove", current=_read_hosts_file(root / entry)))
     return steps
 
 
-def apply(hosts_dir: Path, files: Mapping[str, str]) -> ApplyResult:
+def apply(hosts_dir: Path, files: Mapping[str, str], keep: Collection[str] = ()) -> ApplyResult:
     """Make ``hosts_dir`` hold exactly ``files`` among the directories reloadd owns.
 
     Args:
@@ -207,6 +209,8 @@ def apply(hosts_dir: Path, files: Mapping[str, str]) -> ApplyResult:
         files: Directory name → hosts.toml text, from :func:`render`. A text that fails
             :func:`check_text` is not written (listed in ``invalid``) and the directory's
             previous hosts.toml is neither replaced nor removed.
+        keep: Directories to leave in place although ``files`` does not name them (their
+            input is gone while prune safety holds its removal).
 
     Raises:
         ValueError: a name that is not a valid host directory (never reached with rendered input).
@@ -216,7 +220,7 @@ def apply(hosts_dir: Path, files: Mapping[str, str]) -> ApplyResult:
     result = ApplyResult()
     hosts_dir.mkdir(parents=True, exist_ok=True)
     root = hosts_dir.resolve()
-    for step in decide(root, files):
+    for step in decide(root, files, keep):
         directory = root / step.name
         if step.action == "invalid":
             result.invalid[step.name] = step.why

@@ -1,0 +1,291 @@
+"""Prune safety: a removal is held, never run, when a consumer's input looks lost rather than edited.
+
+A root that disappears, is replaced by another directory, becomes unreadable (EACCES, EIO, ESTALE,
+ENOTCONN) or loses every file at once is what an unmounted volume, a failed NFS server or a wrong
+``rm -rf`` look like, not an operator's edit. The engine asks :class:`PruneGuard` before it hands a
+deletion over (:meth:`PruneGuard.check`); a held deletion waits in the consumer's queue, outside its
+work, until
+
+* the input comes back: the path is found again and, if unchanged, nothing is handed over at all;
+* a person confirms: ``reloadd reload --confirm-prune`` (or ``Reloader.confirm_prune``) hands the held
+  removals over with ``Change.prune_confirmed`` set.
+
+A consumer can hold a removal itself with the :class:`~reloadd.Hold` result (``kube-manifests``'
+``max_prune``); it lands in the same table. Holds and the roots' identities are persisted beside the
+records (``prune.json``), so a restart with the volume still gone deletes nothing either, and a root
+replaced while reloadd was stopped is still recognised.
+
+Only directory roots are judged: a configured *file* root that is deleted is an ordinary delete of
+one file. A root that never held a recorded path holds nothing (there was nothing to delete).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._errors import StateError
+from ._filters import PathFilter
+from ._state import atomic_write
+
+__all__ = ["HeldRemoval", "PruneGuard", "RootId"]
+
+log = logging.getLogger("reloadd.prune")
+
+_VERSION = 1
+
+RootId = tuple[int, int]
+"""A directory's (st_dev, st_ino)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRemoval:
+    """Why a path's removal is held, and since when (wall-clock seconds)."""
+
+    why: str
+    since: float
+
+
+class PruneGuard:
+    """One consumer's prune safety: judges its roots and keeps its held removals.
+
+    Decisions that touch the disk (:meth:`check`, :meth:`removal_held`, :meth:`verdict`,
+    :meth:`root_ids`) block: call them from a worker thread. Bookkeeping (:meth:`hold`,
+    :meth:`release`, :meth:`confirm`, :meth:`done`, :meth:`remember_roots`, :meth:`prepare`) runs
+    on the event loop.
+
+    Args:
+        filter: The consumer's path filter (its roots, include/exclude, recursion).
+        records: The consumer's live records, keyed by path string (read, never written).
+        owned: Whether a path string is the consumer's business (filter and ``accepts``).
+        directory: Where ``prune.json`` is kept (the records' directory); ``None``: memory only.
+        clock: Wall clock, for ``since``.
+    """
+
+    def __init__(
+        self,
+        filter: PathFilter,
+        records: Mapping[str, Any],
+        owned: Callable[[str], bool],
+        directory: Path | None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._filter = filter
+        self._records = records
+        self._owned = owned
+        self._file = directory / "prune.json" if directory is not None else None
+        self._clock = clock
+        self.held: dict[str, HeldRemoval] = {}
+        """Paths whose removal is held (persisted)."""
+        self.confirmed: set[str] = set()
+        """Held removals a person confirmed, not yet acknowledged by the consumer."""
+        self._roots: dict[str, RootId] = {}
+        self._dirty = False
+
+    # Persistence -----------------------------------------------------------------------
+    def load(self) -> None:
+        """Read ``prune.json`` (blocking); a missing file is an empty guard.
+
+        Raises:
+            StateError: the file exists but cannot be read or parsed (naming it and the cause).
+        """
+        if self._file is None:
+            return
+        try:
+            raw = json.loads(self._file.read_bytes())
+            if raw.get("version") != _VERSION:
+                raise StateError(f"{self._file}: unsupported version {raw.get('version')!r}")
+            self._roots = {str(r): (int(i[0]), int(i[1])) for r, i in raw.get("roots", {}).items()}
+            self.held = {str(p): HeldRemoval(str(h[0]), float(h[1])) for p, h in raw.get("held", {}).items()}
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StateError(f"Failed to read {self._file}: {exc.strerror or exc}") from exc
+        except (ValueError, AttributeError, TypeError, IndexError, KeyError) as exc:
+            raise StateError(f"{self._file}: corrupt prune state: {exc}") from exc
+
+    def prepare(self) -> bytes | None:
+        """The document to write when something changed since the last call (on the loop), else ``None``."""
+        if not self._dirty or self._file is None:
+            self._dirty = False
+            return None
+        self._dirty = False
+        doc = {
+            "version": _VERSION,
+            "roots": {r: list(i) for r, i in sorted(self._roots.items())},
+            "held": {p: [h.why, h.since] for p, h in sorted(self.held.items())},
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    def write(self, data: bytes) -> None:
+        """Replace ``prune.json`` with ``data`` (blocking; any thread).
+
+        Raises:
+            StateError: it cannot be written (the caller marks the guard dirty again).
+        """
+        assert self._file is not None
+        atomic_write(self._file, data)
+
+    def failed(self) -> None:
+        """A :meth:`write` failed: write again at the next flush."""
+        self._dirty = True
+
+    # Judging (blocking) ----------------------------------------------------------------
+    def root_of(self, key: str) -> str | None:
+        """The configured *directory* root ``key`` lies strictly under, or ``None``."""
+        root = self._filter.root_of(key)
+        if root is None:
+            return None
+        text = os.fspath(root)
+        return text if key != text else None
+
+    def verdict(self, root: str) -> str | None:
+        """Why ``root`` looks lost rather than edited, or ``None`` when it looks fine (blocking).
+
+        Lost: it is gone, no longer a directory, another directory than the one last seen,
+        unreadable, or it held two or more recorded paths and now holds none of them and no
+        other file the consumer would take.
+        """
+        try:
+            st = os.stat(root)
+        except (FileNotFoundError, NotADirectoryError):
+            return f"root {root} disappeared"
+        except OSError as exc:
+            return f"root {root} is unreadable: {exc.strerror or exc}"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"root {root} is no longer a directory"
+        known = self._roots.get(root)
+        if known is not None and known != (st.st_dev, st.st_ino):
+            return f"root {root} was replaced by another directory"
+        try:
+            with os.scandir(root) as it:
+                next(it, None)
+        except FileNotFoundError:
+            return f"root {root} disappeared"
+        except OSError as exc:  # EACCES, EIO, ESTALE, ENOTCONN: a volume gone bad, not an edit
+            return f"root {root} is unreadable: {exc.strerror or exc}"
+        prefix = root.rstrip("/") + "/"
+        recorded = [k for k in list(self._records) if k.startswith(prefix)]
+        if len(recorded) < 2:
+            return None  # deleting the one file left is an ordinary delete
+        if any(os.path.lexists(k) for k in recorded):
+            return None
+        if self._holds_any_file(root):
+            return None  # replaced by other files: an edit, not a loss
+        return f"every file under root {root} went at once"
+
+    def _holds_any_file(self, root: str) -> bool:
+        for top, dirs, files in os.walk(root):
+            for name in files:
+                if self._owned(os.path.join(top, name)):
+                    return True
+            if not self._filter.recursive:
+                return False
+            dirs[:] = [d for d in dirs if not d.startswith("..")]  # a ConfigMap's ..data swap dirs
+        return False
+
+    def check(self, keys: Iterable[str]) -> dict[str, str]:
+        """Which of these deletions about to be handed over must be held, and why (blocking).
+
+        A path already held stays held (a restart finds it gone again); a confirmed one is let
+        through; the rest are judged by their root, once per root.
+        """
+        out: dict[str, str] = {}
+        verdicts: dict[str, str | None] = {}
+        for key in keys:
+            if key in self.confirmed:
+                continue
+            held = self.held.get(key)
+            if held is not None:
+                out[key] = held.why
+                continue
+            root = self.root_of(key)
+            if root is None:
+                continue
+            if root not in verdicts:
+                verdicts[root] = self.verdict(root)
+            why = verdicts[root]
+            if why is not None:
+                out[key] = why
+        return out
+
+    def removal_held(self, path: Path | str) -> str | None:
+        """Why removing what ``path`` declared must not run now, or ``None`` (blocking: may stat).
+
+        For consumers that act on the whole input at once (``registry-mirrors`` re-reads every
+        drop-in): a recorded path that is gone while its root looks lost is held before the engine
+        has even handed its deletion over.
+        """
+        key = os.fspath(path)
+        if key in self.confirmed:
+            return None
+        held = self.held.get(key)
+        if held is not None:
+            return held.why
+        if key not in self._records or os.path.lexists(key):
+            return None
+        root = self.root_of(key)
+        return self.verdict(root) if root is not None else None
+
+    def root_ids(self) -> dict[str, RootId]:
+        """The identity of every directory root that exists now (blocking)."""
+        out: dict[str, RootId] = {}
+        for root in self._filter.roots:
+            try:
+                st = os.stat(root)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                out[os.fspath(root)] = (st.st_dev, st.st_ino)
+        return out
+
+    # Bookkeeping (event loop) ------------------------------------------------------------
+    def remember_roots(self, ids: Mapping[str, RootId]) -> None:
+        """Take these root identities as the good ones, except for roots with removals held under them."""
+        for root, rid in ids.items():
+            if self._roots.get(root) == rid:
+                continue
+            prefix = root.rstrip("/") + "/"
+            if any(k.startswith(prefix) for k in self.held):
+                continue  # the lost root is what the holds are about: keep what it was
+            self._roots[root] = rid
+            self._dirty = True
+
+    def hold(self, key: str, why: str) -> tuple[HeldRemoval, bool]:
+        """Hold the removal of ``key``; returns the entry (an earlier one keeps its ``since``) and if it is new."""
+        held = self.held.get(key)
+        if held is not None and held.why == why:
+            return held, False
+        entry = HeldRemoval(why, held.since if held is not None else self._clock())
+        self.held[key] = entry
+        self._dirty = True
+        return entry, held is None
+
+    def release(self, key: str) -> bool:
+        """The input came back (or changed): forget the hold of ``key``; returns whether there was one."""
+        if self.held.pop(key, None) is None:
+            return False
+        self._dirty = True
+        return True
+
+    def confirm(self, keys: Iterable[str] | None = None) -> list[str]:
+        """A person confirmed: the removals of ``keys`` (every held one when ``None``) may run."""
+        chosen = list(self.held) if keys is None else [k for k in keys if k in self.held]
+        for key in chosen:
+            del self.held[key]
+            self.confirmed.add(key)
+        if chosen:
+            self._dirty = True
+        return chosen
+
+    def done(self, key: str) -> None:
+        """The removal of ``key`` was acknowledged (or the path came back)."""
+        self.confirmed.discard(key)
