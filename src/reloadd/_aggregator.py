@@ -6,7 +6,13 @@ its first event if it keeps changing. A path a writer still holds open (a MODIFY
 without the CLOSE_WRITE) is held until the writer closes it, or has been idle for
 ``max_delay``. Observations that carry no writer information (a rescan, the start-up
 pass, a sub-tree re-examination) must see the same fingerprint on two probes
-``quiet`` apart, so a file still growing is never handed over.
+``quiet`` apart, so a file still growing is not handed over.
+
+Both holds are bounded by ``max_hold``: a log kept open and appended forever, or a file
+that never stops growing, is handed over once it has been held that long (the engine
+logs it), and again after each further ``max_hold`` while it goes on. Whatever waits
+for a held path (a consumer ``after`` this one, a group mate) waits at most
+``max_delay`` for it: see :meth:`Aggregator.holds_fresh`.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class Timing:
 
     quiet: float = 0.2
     max_delay: float = 5.0
+    max_hold: float = 60.0
 
 
 @dataclass(slots=True)
@@ -89,6 +96,38 @@ class Aggregator:
     def holds(self, consumer: str) -> bool:
         """Whether any path of ``consumer`` is still settling."""
         return self._per_consumer[consumer] > 0
+
+    def count(self, consumer: str) -> int:
+        """How many paths of ``consumer`` are settling."""
+        return self._per_consumer[consumer]
+
+    def holds_fresh(self, consumer: str, now: float) -> bool:
+        """Whether a path of ``consumer`` has been settling for less than its ``max_delay``.
+
+        What others wait for (``after``, a group's mates): a path held longer (open for
+        writing, still growing) no longer holds them back. Entries are kept in the order
+        they were first seen, so only the newest of the consumer needs a look.
+        """
+        if not self._per_consumer[consumer]:
+            return False
+        limit = now - self.timing(consumer).max_delay
+        for key in reversed(self._pending):
+            if key[0] == consumer:
+                return self._pending[key].first > limit
+        return False
+
+    def overdue(self, consumer: str, now: float) -> list[tuple[str, Pending]]:
+        """The paths of ``consumer`` settling for longer than its ``max_delay``, oldest first."""
+        if not self._per_consumer[consumer]:
+            return []
+        limit = now - self.timing(consumer).max_delay
+        out = []
+        for key, p in self._pending.items():
+            if p.first > limit:
+                break  # first-seen order: the rest are younger
+            if key[0] == consumer:
+                out.append((key[1], p))
+        return out
 
     def keys_snapshot(self) -> list[Key]:
         """The held keys, copied in one step (safe to call from another thread)."""
@@ -151,9 +190,9 @@ class Aggregator:
     def _due_at(self, key: Key, p: Pending) -> float:
         t = self._timings.get(key[0], self._default)
         if p.writing:
-            return p.last + t.max_delay  # an idle writer that never closes
+            return min(p.last + t.max_delay, p.first + t.max_hold)  # an idle writer, or one that never closes
         if p.verify:
-            return p.last + t.quiet  # growth checks are never cut short
+            return p.last + t.quiet  # growth checks are not cut short (probed() bounds them by max_hold)
         return min(p.last + t.quiet, max(p.first + t.max_delay, p.last))
 
     def _push(self, key: Key, p: Pending) -> None:
@@ -220,7 +259,8 @@ class Aggregator:
         p = self._pending.get(key)
         if p is None:
             return None
-        if p.verify and (p.seen is _UNSET or p.seen != fingerprint):
+        growing = p.seen is _UNSET or p.seen != fingerprint
+        if p.verify and growing and now - p.first < self.timing(key[0]).max_hold:
             p.seen = fingerprint
             p.last = now
             self._push(key, p)

@@ -83,7 +83,11 @@ def build_consumer(
             plugin's own ``consumer 'x' options: key 'k': ...`` reads like the core's errors.
         PluginError: the plugin is missing, failed, or returned something that is not a consumer.
     """
-    factory = load(CONSUMER_GROUP, cc.plugin)
+    try:
+        factory = load(CONSUMER_GROUP, cc.plugin)
+    except PluginError as exc:
+        where = f"{config_file}: " if config_file is not None else ""
+        raise PluginError(f"{where}consumer {cc.name!r}: {exc}") from exc
     ctx = ConsumerContext(
         name=cc.name,
         paths=cc.paths,
@@ -133,7 +137,7 @@ def embedded_config(consumer: Consumer) -> ConsumerConfig:
     """The ``[[consumer]]`` table an embedder's object would have had, from its attributes.
 
     Optional attributes, with the table's defaults: ``include``, ``exclude``,
-    ``recursive``, ``ignore_defaults``, ``quiet``, ``max_delay``, ``after``, ``group``
+    ``recursive``, ``ignore_defaults``, ``quiet``, ``max_delay``, ``max_hold``, ``after``, ``group``
     (globs; a callable group is read by the engine directly).
     """
     def attr(key: str, default: Any) -> Any:
@@ -151,6 +155,7 @@ def embedded_config(consumer: Consumer) -> ConsumerConfig:
         ignore_defaults=bool(attr("ignore_defaults", True)),
         quiet=attr("quiet", None),
         max_delay=attr("max_delay", None),
+        max_hold=attr("max_hold", None),
         after=tuple(attr("after", ())),
         group=() if callable(group) else tuple((g,) if isinstance(g, str) else tuple(g) for g in group),
     )

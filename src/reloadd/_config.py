@@ -57,6 +57,7 @@ class ConsumerConfig:
     ignore_defaults: bool = True
     quiet: float | None = None
     max_delay: float | None = None
+    max_hold: float | None = None
     concurrency: int | None = None
     after: tuple[str, ...] = ()
     group: tuple[tuple[str, ...], ...] = ()
@@ -78,7 +79,11 @@ class Config:
             rescan stats only its share of the files, in turn; what no watch covers is
             stat-ed on every rescan. At most ``rescan_interval``: every rescan is full.
         quiet: Seconds without events before a path counts as settled.
-        max_delay: Cap on how long a path that keeps changing is held.
+        max_delay: Cap on how long a path that keeps changing is held, and on how long
+            others (``after``, group mates) wait for a path held open or still growing.
+        max_hold: Cap on how long a path held open for writing, or still growing, is held
+            before it is handed over anyway (with a WARNING naming the file and the writer);
+            never less than the consumer's ``max_delay``.
         shutdown_grace: Seconds in-flight batches get to finish on shutdown.
         inotify: Use inotify (false: rescans only, e.g. on NFS).
         pid_file: Written by ``reloadd run``; read by ``reloadd reload``.
@@ -94,6 +99,7 @@ class Config:
     full_rescan_interval: float = 60.0
     quiet: float = 0.2
     max_delay: float = 5.0
+    max_hold: float = 60.0
     shutdown_grace: float = 10.0
     inotify: bool = True
     pid_file: Path | None = None
@@ -149,6 +155,7 @@ def parse_config(doc: dict[str, Any], source: Path | None = None) -> Config:
     state_dir = None if g.str("state_dir", "/var/lib/reloadd") == "" else p("state_dir", "/var/lib/reloadd")
     quiet = g.duration("quiet", 0.2, maximum=MAX_QUIET)
     max_delay = g.duration("max_delay", 5.0)
+    max_hold = g.duration("max_hold", 60.0)
     rescan_interval = g.duration("rescan_interval", 15.0)
     if 0 < rescan_interval < MIN_RESCAN_INTERVAL:
         raise ConfigError(f"{name} [reloadd]: key 'rescan_interval' must be 0 (off) or at least "
@@ -159,6 +166,7 @@ def parse_config(doc: dict[str, Any], source: Path | None = None) -> Config:
         full_rescan_interval=g.duration("full_rescan_interval", 60.0),
         quiet=quiet,
         max_delay=max_delay,
+        max_hold=max_hold,
         shutdown_grace=g.duration("shutdown_grace", 10.0),
         inotify=g.bool("inotify", True),
         pid_file=p("pid_file"),
@@ -203,17 +211,22 @@ def _consumer(table: Any, where: str, base: Path) -> ConsumerConfig:
         ignore_defaults=c.bool("ignore_defaults", True),
         quiet=c.duration("quiet", maximum=MAX_QUIET),
         max_delay=c.duration("max_delay"),
+        max_hold=c.duration("max_hold"),
         concurrency=conc,
         after=tuple(c.str_list("after")),
-        group=_groups(c),
+        group=_groups(c, paths),
         options=c.table("options"),
     )
     c.finish()
     return cc
 
 
-def _groups(c: Options) -> tuple[tuple[str, ...], ...]:
-    """``group``: a list whose entries are a glob or a list of globs (one group each)."""
+def _groups(c: Options, paths: tuple[Path, ...]) -> tuple[tuple[str, ...], ...]:
+    """``group``: a list whose entries are a glob or a list of globs (one group each).
+
+    Globs match a path relative to its root (or a file name). An absolute glob under one of
+    ``paths`` is made relative to it; one under none of them could never match and is refused.
+    """
     raw = c._get("group", (list,), [], False)
     out: list[tuple[str, ...]] = []
     for i, entry in enumerate(raw):
@@ -221,8 +234,19 @@ def _groups(c: Options) -> tuple[tuple[str, ...], ...]:
         if not isinstance(globs, list) or not globs or not all(isinstance(g, str) and g for g in globs):
             raise ConfigError(f"{c.where}: key 'group'[{i}] must be a glob or a non-empty list of globs, "
                               f"got {entry!r}")
-        out.append(tuple(globs))
+        out.append(tuple(_relative_glob(c.where, i, g, paths) for g in globs))
     return tuple(out)
+
+
+def _relative_glob(where: str, i: int, glob: str, paths: tuple[Path, ...]) -> str:
+    if not glob.startswith("/") or not paths:
+        return glob  # relative; or the plugin derives its roots: matched against the whole path too
+    for root in sorted(paths, key=lambda r: len(r.parts), reverse=True):
+        prefix = str(root).rstrip("/") + "/"
+        if glob.startswith(prefix) and len(glob) > len(prefix):
+            return glob[len(prefix):]
+    raise ConfigError(f"{where}: key 'group'[{i}]: {glob!r} is under none of the consumer's paths "
+                      f"({', '.join(map(str, paths))}), so it could never match; write it relative to its root")
 
 
 def _check_timing(where: str, quiet: float, max_delay: float) -> None:

@@ -357,15 +357,20 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"consumer {name} ({c.get('plugin', '?')})")
         lines.append(f"  roots:     {', '.join(c.get('roots', [])) or '-'}")
         lines.append(
-            f"  paths:     {c.get('records', 0)} known, {len(c.get('pending', []))} pending, "
-            f"{len(c.get('in_flight', []))} in flight, {c.get('batches', 0)} batches, last success {last_s}"
+            f"  paths:     {c.get('records', 0)} known, {c.get('settling', 0)} settling, "
+            f"{len(c.get('pending', []))} pending, {len(c.get('in_flight', []))} in flight, "
+            f"{c.get('batches', 0)} batches, last success {last_s}"
         )
+        for h in c.get("held", []):
+            by = f" by pid {', '.join(map(str, h['writers']))}" if h.get("writers") else ""
+            lines.append(f"  HELD:      {h['path']}: {h.get('why')}{by} for {_ago(float(h.get('held_for', 0)))} "
+                         f"(others stopped waiting for it after max_delay; handed over at max_hold)")
         if c.get("oldest_pending_age"):
             lines.append(f"  waiting:   oldest for {_ago(c['oldest_pending_age'])}")
         if c.get("waiting_for"):
             lines.append(f"  after:     waits for {', '.join(c['waiting_for'])} to finish its work (`after`)")
         if c.get("held_groups"):
-            lines.append(f"  group:     holding group(s) {', '.join(c['held_groups'])} until every member settles")
+            lines.append(f"  group:     holding {'; '.join(c['held_groups'])} until every member settles")
         for p in c.get("in_flight", []):
             lines.append(f"  working:   {p}")
         failing = {f["path"] for f in c.get("failing", [])} | {d["path"] for d in c.get("deferred", [])}

@@ -15,7 +15,6 @@ hand-over, for the consumer.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import time
@@ -24,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._aggregator import Aggregator, Key
+from ._aggregator import Aggregator, Key, Pending
 from ._consumer import BaseConsumer, Consumer
 from ._filters import PathFilter, under
 from ._prune import PruneGuard, RootId
@@ -33,6 +32,7 @@ from ._scan import DigestCache, Found, Probe, Trust, local_devices, probe, scan
 from ._sources.base import Coverage, EventKind, SourceEvent
 from ._state import RecordStore
 from ._types import Fingerprint, PathRecord, Reason
+from ._writers import writers_of
 
 __all__ = ["Engine", "EngineStats", "Force", "Slot"]
 
@@ -165,14 +165,34 @@ class Engine:
         )
 
     def holds(self, consumer: str) -> bool:
-        """Whether paths of ``consumer`` are still settling (held or being handed over)."""
-        return self.agg.holds(consumer) or self._in_hand_by[consumer] > 0
+        """Whether paths of ``consumer`` are settling (for less than its ``max_delay``) or being handed over.
+
+        What ``after`` waits for: a path held longer (a log kept open, a file that keeps growing)
+        no longer holds other consumers back; it stays listed in status as held.
+        """
+        return self._in_hand_by[consumer] > 0 or self.agg.holds_fresh(consumer, self.clock())
 
     def holds_any(self, consumer: str, paths: Callable[[Path], bool]) -> bool:
-        """Whether a path of ``consumer`` for which ``paths`` is true is still settling."""
+        """Whether a path of ``consumer`` for which ``paths`` is true is settling (as :meth:`holds` counts)."""
         if not self.holds(consumer):
             return False
-        return any(k[0] == consumer and paths(Path(k[1])) for k in itertools.chain(self.agg.keys(), self._in_hand))
+        if any(k[0] == consumer and paths(Path(k[1])) for k in self._in_hand):
+            return True
+        limit = self.clock() - self.agg.timing(consumer).max_delay
+        for key in self.agg.keys():
+            p = self.agg.get(key)
+            if key[0] == consumer and p is not None and p.first > limit and paths(Path(key[1])):
+                return True
+        return False
+
+    def held_long(self, consumer: str) -> list[tuple[str, str, float]]:
+        """Paths of ``consumer`` settling for longer than its ``max_delay``: (path, why, seconds held), oldest first."""
+        now = self.clock()
+        out = []
+        for key, p in self.agg.overdue(consumer, now):
+            why = "open for writing" if p.writing else "still growing" if p.verify else "still changing"
+            out.append((key, why, now - p.first))
+        return out
 
     # The pump --------------------------------------------------------------------
     async def pump(self) -> None:
@@ -337,6 +357,22 @@ class Engine:
             if len(slot._owns) > _OWNS_CACHE:
                 slot._owns = {}  # the walk's verdicts served their observations: drop a 100k-path table
 
+    def _held_too_long(self, key: Key, p: Pending, growing: bool, now: float) -> None:
+        """A path handed over because ``max_hold`` ran out while a writer was still at it: say so."""
+        t = self.agg.timing(key[0])
+        if now - p.first < t.max_hold:
+            return
+        if p.writing and now - p.last < t.max_delay:
+            why = "is still open for writing"
+        elif p.verify and growing:
+            why = "is still growing"
+        else:
+            return
+        writers = writers_of([key[1]]).get(key[1])
+        by = f" by pid {', '.join(map(str, writers))}" if writers else ""
+        log.warning("Handing %s over to consumer %s although it %s%s: held %.0fs, the longest max_hold allows",
+                    key[1], key[0], why, by, now - p.first)
+
     def _warn(self, path: str, error: str) -> None:
         if self._warned.get(path) != error:
             self._warned[path] = error
@@ -358,9 +394,12 @@ class Engine:
         for (key, root), pr in zip(jobs, probes, strict=True):
             if pr.error is not None:
                 self._warn(key[1], pr.error)
+            seen = self.agg.get(key)
+            growing = seen is not None and seen.verify and seen.seen != pr.fingerprint
             p = self.agg.probed(key, pr.fingerprint, now)
             if p is not None:
                 released.append((key, root, pr.fingerprint, p.forced, p.reason))
+                self._held_too_long(key, p, growing, now)
         self._in_hand.update(key for key, *_ in released)
         self._in_hand_by.update(key[0] for key, *_ in released)
         try:

@@ -176,6 +176,9 @@ class ReloaderCollector(Collector):
                 "files, as the consumer counts them; run `reloadd reload --confirm-prune` or bring the input back.",
                 labels=lab),
             "prune_paths": GaugeMetricFamily("reloadd_prune_held_paths", "Paths whose removal is held.", labels=lab),
+            "held": GaugeMetricFamily(
+                "reloadd_consumer_held_paths", "Paths settling for longer than max_delay (open for writing, still "
+                "growing): nothing waits for them any more; handed over at max_hold.", labels=lab),
         }
         for name, slot in sorted(engine.slots.items()):
             q, st = slot.queue, slot.queue.stats
@@ -194,6 +197,7 @@ class ReloaderCollector(Collector):
             held = q.held_removals()
             fam["prune"].add_metric([name], sum(h["size"] for h in held))
             fam["prune_paths"].add_metric([name], len(held))
+            fam["held"].add_metric([name], len(engine.held_long(name)))
             stats = getattr(slot.consumer, "stats", None)
             if isinstance(stats, dict):
                 for key, value in sorted(stats.items()):

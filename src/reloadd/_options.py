@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ._errors import ConfigError
+from ._suggest import did_you_mean
 
 __all__ = ["MAX_DURATION", "Options", "parse_duration"]
 
@@ -207,4 +208,5 @@ class Options:
         """Raise :class:`ConfigError` if the table has keys nobody asked for."""
         unknown = sorted(set(self._table) - self._seen)
         if unknown:
-            raise ConfigError(f"{self.where}: unknown key(s) {', '.join(map(repr, unknown))}")
+            named = ", ".join(f"{k!r}{did_you_mean(k, self._seen)}" for k in unknown)
+            raise ConfigError(f"{self.where}: unknown key(s) {named}")

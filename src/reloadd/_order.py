@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from ._errors import ConfigError
+from ._suggest import did_you_mean
 
 __all__ = ["GroupOf", "check_after", "group_matcher"]
 
@@ -35,8 +36,8 @@ def check_after(after: Mapping[str, Sequence[str]], where: str = "<config>") -> 
                 raise ConfigError(f"{where}: consumer {name!r} lists itself in 'after'")
             if dep not in after:
                 known = ", ".join(map(repr, sorted(after))) or "none"
-                raise ConfigError(f"{where}: consumer {name!r}: 'after' names unknown consumer {dep!r} "
-                                  f"(known: {known})")
+                raise ConfigError(f"{where}: consumer {name!r}: 'after' names unknown consumer {dep!r}"
+                                  f"{did_you_mean(dep, after)} (known: {known})")
     done: set[str] = set()
 
     def visit(name: str, trail: list[str]) -> None:
@@ -65,8 +66,10 @@ def group_matcher(groups: Sequence[Sequence[str]], roots: Sequence[Path]) -> Gro
             if path.is_relative_to(root) and path != root:
                 rel = path.relative_to(root).as_posix()
                 break
+        full = str(path)
         for i, globs in enumerate(groups):
-            if any(fnmatch.fnmatchcase(rel, g) or fnmatch.fnmatchcase(path.name, g) for g in globs):
+            if any(fnmatch.fnmatchcase(rel, g) or fnmatch.fnmatchcase(path.name, g)
+                   or (g.startswith("/") and fnmatch.fnmatchcase(full, g)) for g in globs):
                 return str(i)
         return None
 

@@ -7,6 +7,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from ._errors import PluginError
+from ._suggest import did_you_mean
 
 __all__ = ["CONSUMER_GROUP", "SOURCE_GROUP", "available", "load"]
 
@@ -34,7 +35,8 @@ def load(group: str, name: str) -> Callable[..., Any]:
     ep = eps.get(name)
     if ep is None:
         installed = ", ".join(sorted(eps)) or "none"
-        raise PluginError(f"No plugin named {name!r} in entry-point group {group} (installed: {installed})")
+        raise PluginError(f"No plugin named {name!r}{did_you_mean(name, eps)} in entry-point group {group} "
+                          f"(installed: {installed})")
     try:
         obj = ep.load()
     except Exception as exc:

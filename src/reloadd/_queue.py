@@ -153,6 +153,7 @@ class WorkQueue:
         group_settling: Whether a path of a group is still settling upstream (the
             engine holds it); the group's queued paths wait for it.
         guard: The consumer's prune safety (held removals, persisted); default: one in memory.
+        group_label: A group's name for status (its globs), from its id.
     """
 
     def __init__(
@@ -170,6 +171,7 @@ class WorkQueue:
         group_of: Callable[[Path], str | None] | None = None,
         group_settling: Callable[[str], bool] = lambda group: False,
         guard: PruneGuard | None = None,
+        group_label: Callable[[str], str] = str,
     ) -> None:
         self.consumer = consumer
         self.records = records
@@ -192,6 +194,7 @@ class WorkQueue:
         self.waiting_for: tuple[str, ...] = ()
         """The consumers this queue's batches wait for right now (``after``)."""
         self._held_groups: frozenset[str] = frozenset()
+        self._group_label = group_label
         self.stats = QueueStats()
         self.guard = guard if guard is not None else PruneGuard(
             PathFilter(roots=()), records.by_str, lambda key: False, None)
@@ -280,7 +283,7 @@ class WorkQueue:
             "rejected": rejected,
             "oldest_pending_age": round(self.oldest_age(), 3),
             "waiting_for": list(self.waiting_for),
-            "held_groups": sorted(self._held_groups),
+            "held_groups": sorted(self._group_label(g) for g in self._held_groups),
             "prune_held": self.held_removals(),
             "prune_held_unit": str(getattr(self.consumer, "removal_unit", "files")),
             "batches": self.stats.batches,

@@ -43,6 +43,7 @@ from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchR
 from ._state import RecordStore, lock_state_dir
 from ._supervisor import supervise
 from ._watch import Watch, WatchState
+from ._writers import writers_of
 
 if TYPE_CHECKING:
     from ._services import Services
@@ -52,6 +53,8 @@ __all__ = ["Reloader"]
 log = logging.getLogger("reloadd")
 
 SourceFactory = Callable[[SourceContext], Source]
+
+_HELD_LISTED = 20  # held paths listed per consumer in status (with their writers from /proc)
 
 
 class Reloader:
@@ -107,6 +110,8 @@ class Reloader:
         self._live: dict[str, Source] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._private = PrivateDirs()  # plugins' own directories
+        self._passed: set[tuple[str, str]] = set()  # (consumer, held path it went ahead without) already logged
+        self._groups: dict[str, tuple[tuple[str, ...], ...]] = {}
 
     # Building ----------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -144,24 +149,58 @@ class Reloader:
         custom = getattr(consumer, "group", None)
         group_of = custom if callable(custom) else group_matcher(cc.group, filt.roots)
         name = consumer.name
+        self._groups[name] = cc.group
         queue = WorkQueue(
             consumer, records, concurrency=consumer.concurrency, on_change=self._notify, clock=self._clock,
-            waits_for=self._waits_for(cc.after) if cc.after else None,
+            waits_for=self._waits_for(name, cc.after) if cc.after else None,
             group_of=group_of,
-            group_settling=lambda g: self._engine is not None and group_of is not None and self._engine.holds_any(
-                name, lambda p: group_of(p) == g),
+            group_settling=self._group_settling(name, group_of) if group_of is not None else lambda g: False,
+            group_label=lambda g: self._group_label(name, g),
             guard=PruneGuard(filt, records.by_str, owned, records.directory),
         )
         return Slot(consumer, filt, records, queue)
 
-    def _waits_for(self, after: tuple[str, ...]) -> Callable[[], tuple[str, ...]]:
+    def _waits_for(self, name: str, after: tuple[str, ...]) -> Callable[[], tuple[str, ...]]:
         def busy() -> tuple[str, ...]:
             engine = self._engine
             if engine is None:
                 return ()
-            return tuple(n for n in after if engine.holds(n) or engine.slots[n].queue.has_fresh_work())
+            waiting = []
+            for n in after:
+                if engine.holds(n) or engine.slots[n].queue.has_fresh_work():
+                    waiting.append(n)
+                elif engine.agg.holds(n):  # only paths held past max_delay: go ahead, and say so
+                    self._passing(name, n, "consumer", engine.held_long(n))
+            return tuple(waiting)
 
         return busy
+
+    def _group_settling(self, name: str, group_of: Callable[[Path], str | None]) -> Callable[[str], bool]:
+        def settling(group: str) -> bool:
+            engine = self._engine
+            if engine is None:
+                return False
+            if engine.holds_any(name, lambda p: group_of(p) == group):
+                return True
+            mates = [h for h in engine.held_long(name) if group_of(Path(h[0])) == group]
+            if mates:
+                self._passing(name, name, f"group {self._group_label(name, group)} mate", mates)
+            return False
+
+        return settling
+
+    def _passing(self, name: str, holder: str, what: str, held: list[tuple[str, str, float]]) -> None:
+        """Consumer ``name`` no longer waits for these paths held past max_delay: one WARNING per path."""
+        for path, why, seconds in held:
+            if (name, path) not in self._passed:
+                self._passed.add((name, path))
+                log.warning("Consumer %s goes ahead without %s %s (%s): %s for %.0fs, longer than max_delay",
+                            name, what, path, holder, why, seconds)
+
+    def _group_label(self, name: str, group: str) -> str:
+        """A group named by its globs (``tls.crt + tls.key``), not by its index."""
+        globs = self._groups.get(name, ())
+        return " + ".join(globs[int(group)]) if group.isdigit() and int(group) < len(globs) else group
 
     # Lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> Reloader:
@@ -219,12 +258,14 @@ class Reloader:
         if len(set(names)) != len(names):
             raise ConfigError(f"consumer names must be unique, got {names}")
         check_after({c.name: conf.after for c, _, conf in built}, str(cfg.source or "<config>"))
-        agg = Aggregator(default=Timing(cfg.quiet, cfg.max_delay))
+        agg = Aggregator(default=Timing(cfg.quiet, cfg.max_delay, max(cfg.max_hold, cfg.max_delay)))
         for consumer, _, conf in built:
-            if conf.quiet is not None or conf.max_delay is not None:
+            if conf.quiet is not None or conf.max_delay is not None or conf.max_hold is not None:
+                max_delay = conf.max_delay if conf.max_delay is not None else cfg.max_delay
                 agg.set_timing(consumer.name, Timing(
                     conf.quiet if conf.quiet is not None else cfg.quiet,
-                    conf.max_delay if conf.max_delay is not None else cfg.max_delay,
+                    max_delay,
+                    max(conf.max_hold if conf.max_hold is not None else cfg.max_hold, max_delay),  # never below
                 ))
         slots = [self._slot(c, r, cc) for c, r, cc in built]
         for slot in slots:
@@ -489,9 +530,20 @@ class Reloader:
                     "plugin": type(slot.consumer).__module__.split(".")[0],
                     "roots": [str(r) for r in slot.filter.roots],
                     "records": len(slot.records),
+                    "settling": engine.agg.count(name),
+                    "held": self._held_status(engine, name),
                     **slot.queue.status(),
                 }
         return {"watch": self.watch_state, "ready": self.ready, "consumers": consumers}
+
+    def _held_status(self, engine: Engine, name: str) -> list[dict[str, Any]]:
+        """Paths settling past max_delay (a file kept open, still growing), with the writers /proc names."""
+        held = engine.held_long(name)[:_HELD_LISTED]
+        writing = [path for path, why, _ in held if why == "open for writing"]
+        pids = writers_of(writing) if writing else {}
+        now = time.time()
+        return [{"path": path, "why": why, "since": round(now - seconds, 3), "held_for": round(seconds, 3),
+                 "writers": pids.get(path, [])} for path, why, seconds in held]
 
     @property
     def watch_state(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import logging
 import signal
@@ -30,8 +31,33 @@ __all__ = ["main"]
 log = logging.getLogger("reloadd")
 
 
+_DESCRIPTION = """\
+reloadd keeps a Kubernetes node in step with files on its disk, the moment they change: image
+tarballs and lists are imported into containerd, registries.conf.d drop-ins become hosts.toml
+files, and manifests are server-side applied (and pruned when their file goes)."""
+
+_EPILOG = """\
+examples:
+  reloadd check  -c /etc/reloadd/reloadd.toml     validate the configuration
+  reloadd run    -c /etc/reloadd/reloadd.toml     watch and act (SIGHUP: resync)
+  reloadd status -c /etc/reloadd/reloadd.toml     what the running daemon is doing
+  reloadd reload -c /etc/reloadd/reloadd.toml --confirm-prune   run held removals
+
+'reloadd COMMAND --help' describes each command."""
+
+
+def version() -> str:
+    """The installed reloadd version (``unknown`` when run from a source tree without metadata)."""
+    try:
+        return importlib.metadata.version("reloadd")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="reloadd", description=__doc__)
+    ap = argparse.ArgumentParser(prog="reloadd", description=_DESCRIPTION, epilog=_EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"reloadd {version()}")
     ap.add_argument("--log-format", choices=("text", "json"), default="text")
     ap.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     sub = ap.add_subparsers(dest="command", required=True)
@@ -103,7 +129,7 @@ def _plan(cfg: Config, as_json: bool) -> int:
         print(f"reloadd: {exc}", file=sys.stderr)
         return 1
     if as_json:
-        print(json.dumps(report.to_json(), indent=2))
+        print(json.dumps({"version": version(), **report.to_json()}, indent=2))
     else:
         print(report.text())
     for c in report.consumers:

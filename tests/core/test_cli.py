@@ -107,3 +107,64 @@ async def test_run_reload_and_json_logs(tmp_path):
     lines = [json.loads(x) for x in err.decode().splitlines() if x.startswith("{")]
     assert lines and all({"time", "level", "logger", "message"} <= set(x) for x in lines)
     assert not (tmp_path / "reloadd.pid").exists()
+
+
+def test_version_and_a_help_written_for_users():
+    out = reloadd("--version")
+    assert out.returncode == 0 and out.stdout.startswith("reloadd ") and out.stdout.split()[1][0].isdigit()
+    helped = reloadd("--help")
+    assert helped.returncode == 0
+    assert "keeps a Kubernetes node in step with files" in helped.stdout
+    assert "The only place" not in helped.stdout  # the module's developer docstring is not the help
+
+
+def test_a_misspelt_key_an_option_and_a_plugin_get_a_suggestion_naming_the_file(tmp_path):
+    cfg = tmp_path / "reloadd.toml"
+    cfg.write_text('[reloadd]\nqiuet = "100ms"\nstate_dir = ""\n')
+    out = reloadd("check", "--config", str(cfg))
+    assert out.returncode != 0 and "'qiuet' (did you mean 'quiet'?)" in out.stderr and str(cfg) in out.stderr
+
+    cfg.write_text(textwrap.dedent("""
+        [reloadd]
+        state_dir = ""
+        [[consumer]]
+        name = "hook"
+        plugin = "exec"
+        paths = ["."]
+        [consumer.options]
+        comand = ["true"]
+    """))
+    out = reloadd("check", "--config", str(cfg))
+    assert out.returncode == 1 and "(did you mean 'command'?)" in out.stderr and str(cfg) in out.stderr
+
+    cfg.write_text(textwrap.dedent("""
+        [reloadd]
+        state_dir = ""
+        [[consumer]]
+        name = "hook"
+        plugin = "exce"
+        paths = ["."]
+    """))
+    out = reloadd("check", "--config", str(cfg))
+    assert out.returncode == 1 and "No plugin named 'exce' (did you mean 'exec'?)" in out.stderr
+    assert str(cfg) in out.stderr
+
+    cfg.write_text(textwrap.dedent("""
+        [reloadd]
+        state_dir = ""
+        [[consumer]]
+        name = "images"
+        plugin = "exec"
+        paths = ["."]
+        [consumer.options]
+        command = ["true"]
+        [[consumer]]
+        name = "manifests"
+        plugin = "exec"
+        paths = ["."]
+        after = ["imagse"]
+        [consumer.options]
+        command = ["true"]
+    """))
+    out = reloadd("check", "--config", str(cfg))
+    assert out.returncode != 0 and "(did you mean 'images'?)" in out.stderr

@@ -332,3 +332,23 @@ async def test_a_file_back_at_its_path_in_the_window_is_applied_and_nothing_wait
     assert uids(kube, kept) == {k: before[k] for k in kept}
     assert f not in h.consumer._moves, "a removal still waits for a file that is back"
     assert h.triggered == []
+
+
+async def test_the_move_grace_counts_down_in_status(kube: KubeCluster, tmp_path: Path, namespace: str) -> None:
+    root = tmp_path / "manifests"
+    root.mkdir()
+    write_atomic(root / "app.yaml", app(namespace))
+    write_atomic(root / "stays.yaml", [cm("stays", namespace, v="1")])
+    async with running(config(kube, tmp_path, [root], move_grace="30s")) as r:
+        (root / "app.yaml").unlink()
+        await eventually(lambda: len(r.status()["consumers"][CONSUMER]["deferred"]) == 1, "the removal deferred")
+
+        def left() -> float:
+            entry = r.status()["consumers"][CONSUMER]["deferred"][0]
+            assert "move_grace" in entry["reason"] and "30.0s" not in entry["reason"]
+            return float(entry["retry_in"])
+
+        first = left()
+        await asyncio.sleep(2.0)  # the countdown itself is what is asserted
+        second = left()
+        assert 1.5 <= first - second <= 2.5, (first, second)

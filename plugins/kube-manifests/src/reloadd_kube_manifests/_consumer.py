@@ -332,8 +332,9 @@ class KubeManifestsConsumer(BaseConsumer):
             if change.kind is not ChangeKind.DELETED:
                 self._moves.done(path)  # back (or a .skip beside it): no removal waits any more
             elif not change.prune_confirmed and (wait := await self._move_wait(applier, path, claimed)) > 0:
-                return Retry(f"removal waits {wait:.1f}s more for another file to declare its objects "
-                             "(move_grace)", after=wait, failure=False)
+                # No seconds in the text: status counts down the deferral's own retry_in at read time.
+                return Retry("removal waits for another file to declare its objects (move_grace)",
+                             after=wait, failure=False)
             if change.kind is ChangeKind.DELETED or skipped:
                 out = await applier.remove_file(self.key(path), keep=claimed)
                 self._removed.append((time.monotonic(), len(out.pruned)))
