@@ -357,21 +357,22 @@ class Engine:
             if len(slot._owns) > _OWNS_CACHE:
                 slot._owns = {}  # the walk's verdicts served their observations: drop a 100k-path table
 
-    def _held_too_long(self, key: Key, p: Pending, growing: bool, now: float) -> None:
-        """A path handed over because ``max_hold`` ran out while a writer was still at it: say so."""
+    def _held_too_long(self, key: Key, p: Pending, growing: bool, now: float) -> bool:
+        """A path handed over because ``max_hold`` ran out while a writer was still at it: say so, return True."""
         t = self.agg.timing(key[0])
         if now - p.first < t.max_hold:
-            return
+            return False
         if p.writing and now - p.last < t.max_delay:
             why = "is still open for writing"
         elif p.verify and growing:
             why = "is still growing"
         else:
-            return
+            return False
         writers = writers_of([key[1]]).get(key[1])
         by = f" by pid {', '.join(map(str, writers))}" if writers else ""
         log.warning("Handing %s over to consumer %s although it %s%s: held %.0fs, the longest max_hold allows",
                     key[1], key[0], why, by, now - p.first)
+        return True
 
     def _warn(self, path: str, error: str) -> None:
         if self._warned.get(path) != error:
@@ -390,6 +391,7 @@ class Engine:
         else:
             probes = _probe_all(jobs)
         released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]] = []
+        overdue: set[Key] = set()  # handed over at max_hold while still written: no second settle
         now = self.clock()
         for (key, root), pr in zip(jobs, probes, strict=True):
             if pr.error is not None:
@@ -399,16 +401,18 @@ class Engine:
             p = self.agg.probed(key, pr.fingerprint, now)
             if p is not None:
                 released.append((key, root, pr.fingerprint, p.forced, p.reason))
-                self._held_too_long(key, p, growing, now)
+                if self._held_too_long(key, p, growing, now):
+                    overdue.add(key)
         self._in_hand.update(key for key, *_ in released)
         self._in_hand_by.update(key[0] for key, *_ in released)
         try:
-            await self._hand_over(released)
+            await self._hand_over(released, overdue)
         finally:
             self._in_hand.clear()
             self._in_hand_by.clear()
 
-    async def _hand_over(self, released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]]) -> None:
+    async def _hand_over(self, released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]],
+                         overdue: frozenset[Key] | set[Key] = frozenset()) -> None:
         want = [
             (key[1], fp)
             for key, _, fp, _, _ in released
@@ -424,8 +428,10 @@ class Engine:
                 continue
             digest = digests.get((key[1], fp)) if fp is not None else None
             if digest is _CHANGED:
-                self.agg.observe(key, self.clock(), reason=reason, forced=forced, verify=True)
-                continue  # changed while being read: settle again
+                if key not in overdue:
+                    self.agg.observe(key, self.clock(), reason=reason, forced=forced, verify=True)
+                    continue  # changed while being read: settle again
+                digest = None  # still written after max_hold: handed over as it is, without a digest
             if digest is not None and digest.startswith(_UNREADABLE):
                 self._warn(key[1], f"cannot read for a content digest: {digest[len(_UNREADABLE):]}")
                 digest = None  # hand it over without one: the consumer reports its own error

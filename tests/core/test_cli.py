@@ -132,10 +132,11 @@ def test_a_misspelt_key_an_option_and_a_plugin_get_a_suggestion_naming_the_file(
         plugin = "exec"
         paths = ["."]
         [consumer.options]
-        comand = ["true"]
+        command = ["true"]
+        timout = "5s"
     """))
     out = reloadd("check", "--config", str(cfg))
-    assert out.returncode == 1 and "(did you mean 'command'?)" in out.stderr and str(cfg) in out.stderr
+    assert out.returncode == 1 and "(did you mean 'timeout'?)" in out.stderr and str(cfg) in out.stderr
 
     cfg.write_text(textwrap.dedent("""
         [reloadd]

@@ -39,6 +39,8 @@ class Appender:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
 
 
 @pytest.fixture
@@ -114,7 +116,7 @@ async def test_a_file_held_open_past_max_hold_is_handed_over_with_a_warning_nami
 async def test_the_status_names_a_waiting_group_by_its_members(tmp_path, recorder_cls, start_reloader):
     root = tmp_path / "tls"
     root.mkdir()
-    c = recorder_cls([root], name="tls", group=[["tls.crt", "tls.key"]])
+    c = recorder_cls([root], name="tls", group=[["tls.crt", "tls.key"]], concurrency=2)  # a slot free to wait
     c.gate = asyncio.Event()  # the first member's batch stays in flight: its mate waits for it
     r = await start_reloader(c)
     (root / "tls.crt").write_text("cert")
