@@ -32,6 +32,8 @@ class CommandResult:
     returncode: int
     output: bytes
     """What it wrote to the captured stream(s)."""
+    errors: bytes = b""
+    """What it wrote to stderr, when captured apart (``capture="stdout"``)."""
 
     @property
     def ok(self) -> bool:
@@ -62,7 +64,9 @@ async def run_command(
         stdin: Bytes written to its stdin (``None``: /dev/null).
         env: The environment (``None``: reloadd's own).
         cwd: Its working directory.
-        capture: ``"both"`` (stdout and stderr together), ``"stderr"`` (stdout to /dev/null).
+        capture: ``"both"`` (stdout and stderr together), ``"stderr"`` (stdout to /dev/null),
+            ``"stdout"`` (stdout as ``output``, stderr apart as ``errors``: a command that answers
+            in JSON, like a kubeconfig exec credential plugin).
 
     Raises:
         CommandError: it could not be started, or timed out (then it was killed).
@@ -73,7 +77,7 @@ async def run_command(
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=pipe if stdin is not None else devnull,
-            stdout=pipe if capture == "both" else devnull,
+            stdout=devnull if capture == "stderr" else pipe,
             stderr=asyncio.subprocess.STDOUT if capture == "both" else pipe,
             env=dict(env) if env is not None else None,
             cwd=cwd,
@@ -91,6 +95,8 @@ async def run_command(
         await _kill(proc)
         raise
     assert proc.returncode is not None
+    if capture == "stdout":
+        return CommandResult(tuple(argv), proc.returncode, out or b"", err or b"")
     return CommandResult(tuple(argv), proc.returncode, (out if capture == "both" else err) or b"")
 
 

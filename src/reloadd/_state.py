@@ -40,13 +40,17 @@ _VERSION = 1
 def atomic_write(path: Path, data: bytes | Iterable[bytes], mode: int = 0o600) -> None:
     """Replace ``path`` with ``data`` (bytes, or chunks of them) atomically and durably.
 
+    Every byte is written (a short ``write`` is continued), the temp file is fsynced, renamed
+    over ``path`` and the directory fsynced: a crash leaves the old file or the new one, whole.
+
     Raises:
         StateError: naming the file and the cause (e.g. the disk is full); the previous
             file is left intact.
     """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        # O_NOFOLLOW: a symlink planted at the temp name is refused, never written through.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
         try:
             for chunk in (data,) if isinstance(data, bytes) else data:
                 _write_all(fd, chunk)

@@ -37,7 +37,7 @@ import aiofiles
 import aiofiles.os
 import yaml
 
-from reloadd import ConfigError, TransientError
+from reloadd import CommandError, ConfigError, TransientError, run_command
 
 __all__ = ["Auth", "ClusterConfig", "ExecAuth", "TokenAuth", "TokenFileAuth", "load_cluster_config"]
 
@@ -130,19 +130,16 @@ class ExecAuth(Auth):
     async def _run(self) -> None:
         info = {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
         env = {**os.environ, **self.env, "KUBERNETES_EXEC_INFO": json.dumps(info)}
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                self.command, *self.args, env=env, cwd=self.cwd,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            out, err = await asyncio.wait_for(proc.communicate(), _EXEC_TIMEOUT)
-        except (OSError, TimeoutError) as exc:
+        try:  # the core's runner: on a timeout the plugin's whole process group is killed, not left behind
+            ran = await run_command([self.command, *self.args], timeout=_EXEC_TIMEOUT, env=env,
+                                    cwd=self.cwd, capture="stdout")
+        except CommandError as exc:
             raise TransientError(f"exec credential plugin {self.command!r} failed: {exc}") from exc
-        if proc.returncode != 0:
+        out = ran.output
+        if ran.returncode != 0:
             raise TransientError(
-                f"exec credential plugin {self.command!r} exited {proc.returncode}: "
-                f"{err.decode(errors='replace').strip()[:500]}"
+                f"exec credential plugin {self.command!r} exited {ran.returncode}: "
+                f"{ran.errors.decode(errors='replace').strip()[:500]}"
             )
         try:
             status = json.loads(out)["status"]

@@ -22,6 +22,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reloadd import StateError, atomic_write
+
 from ._hosts import host_dir_name
 from ._render import HEADER
 
@@ -111,29 +113,27 @@ def check_text(text: str) -> str | None:
 
 
 def _write_atomic(directory: Path, text: str) -> None:
-    tmp = directory / f".{HOSTS_FILE}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    """The core's atomic write (every byte, fsync, rename, directory fsync, temp name never followed).
+
+    Raises:
+        OSError: it could not be written (the previous hosts.toml stays whole).
+    """
     try:
-        try:
-            os.write(fd, text.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, directory / HOSTS_FILE)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(directory)
+        atomic_write(directory / HOSTS_FILE, text.encode(), mode=0o644)
+    except StateError as exc:
+        cause = exc.__cause__
+        raise cause if isinstance(cause, OSError) else OSError(str(exc)) from exc
 
 
 def _sweep(directory: Path) -> None:
-    """Remove temp files a killed writer left behind (only our own ``.hosts.toml.<pid>.tmp`` names)."""
+    """Remove temp files a killed writer left behind (only our own names: ``.hosts.toml.tmp-<pid>``, and
+    ``.hosts.toml.<pid>.tmp`` from earlier versions)."""
     try:
         names = os.listdir(directory)
     except OSError:
         return
     for n in names:
-        if n.startswith(f".{HOSTS_FILE}.") and n.endswith(".tmp"):
+        if n.startswith(f".{HOSTS_FILE}.") and (n.endswith(".tmp") or n.startswith(f".{HOSTS_FILE}.tmp-")):
             with contextlib.suppress(OSError):
                 os.unlink(directory / n)
 
