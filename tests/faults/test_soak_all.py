@@ -230,6 +230,15 @@ async def soak(tmp_path: Path, kube: KubeCluster, seconds: float, reliability: R
         })
         acked = {name: Acked() for name in ("images", "mirrors", "manifests")}
         writer = Writer(tmp_path, images, conf_d, manifests, ns, seed=11)
+        # Each folder keeps one file the churn never touches: a folder whose last files go within one settle
+        # window looks lost, and prune safety holds those removals; that is tested elsewhere, not here.
+        keep = "example.com/soak/keep:v1"
+        write_oci_archive(images / "keep.tar", [ImageSpec(keep, seed="keep", layers=1, layer_size=512)])
+        writer.tar_image[images / "keep.tar"] = keep
+        (conf_d / "zz-keep.conf").write_text(mirror_conf("keep.soak.example.com", "keep.example.net"))
+        (manifests / "keep.yaml").write_text(json.dumps(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keep", "namespace": ns},
+             "data": {"gen": "keep"}}) + "\n")
         async with Reloader(cfg) as r:
             await r.wait_idle(60)
             for name, log in acked.items():
