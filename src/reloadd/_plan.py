@@ -58,13 +58,21 @@ class ConsumerPlan:
     @property
     def changed(self) -> bool:
         """Whether the consumer said it would change something."""
-        return any(self.changes.values())
+        return any(not c.is_invalid for cs in self.changes.values() for c in cs)
+
+    @property
+    def invalid(self) -> list[tuple[str, str]]:
+        """Inputs the next pass would refuse: (file, error)."""
+        return [(c.target, str((c.detail or {}).get("error"))) for cs in self.changes.values() for c in cs
+                if c.is_invalid]
 
     @property
     def status(self) -> str:
-        """``error``, ``cannot-plan``, ``changes`` or ``unchanged``."""
+        """``error``, ``invalid``, ``cannot-plan``, ``changes`` or ``unchanged``."""
         if self.error is not None:
             return "error"
+        if self.invalid:
+            return "invalid"
         if self.unsupported is not None:
             return "cannot-plan"
         return "changes" if self.changed else "unchanged"
@@ -76,6 +84,8 @@ class ConsumerPlan:
             out["error"] = self.error
         if self.unsupported is not None:
             out["reason"] = self.unsupported
+        if self.invalid:
+            out["invalid"] = [{"path": p, "error": e} for p, e in self.invalid]
         out["pending"] = [{"path": str(c.path), "kind": c.kind.value} for c in self.pending]
         out["changes"] = {str(p): [c.to_json() for c in cs] for p, cs in sorted(self.changes.items()) if cs}
         return out
@@ -89,10 +99,10 @@ class ConsumerPlan:
             lines = [head + f"cannot plan: {self.unsupported}"]
             lines += [f"  would hand over: {c.kind.value} {c.path}" for c in self.pending]
             return lines
-        if not self.changed:
+        if not self.changed and not self.invalid:
             return [head + "nothing to change"]
-        n = sum(len(cs) for cs in self.changes.values())
-        lines = [head + f"{n} change(s)"]
+        n = sum(1 for cs in self.changes.values() for c in cs if not c.is_invalid)
+        lines = [head + f"{n} change(s)" + (f", {len(self.invalid)} invalid input(s)" if self.invalid else "")]
         for path, cs in sorted(self.changes.items()):
             if not cs:
                 continue
@@ -111,11 +121,12 @@ class PlanReport:
 
     @property
     def exit_code(self) -> int:
-        """1 when any consumer failed to plan, else 2 when any would change something, else 0.
+        """1 when any consumer failed to plan or has an input its pass would refuse, else 2 when any
+        would change something, else 0.
 
         A consumer that cannot plan (``exec``) counts for neither: its pending paths are listed.
         """
-        if any(c.error is not None for c in self.consumers):
+        if any(c.error is not None or c.invalid for c in self.consumers):
             return 1
         return 2 if any(c.changed for c in self.consumers) else 0
 

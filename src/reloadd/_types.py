@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, ClassVar, NamedTuple, TypeAlias
 
 __all__ = [
     "Ack",
@@ -224,8 +224,13 @@ class PathRecord:
 class PlannedChange:
     """One thing a consumer's next pass would change (``reloadd plan``).
 
+    An input the pass would refuse is planned as action :data:`INVALID` (see :meth:`invalid`):
+    ``reloadd plan`` then exits 1, naming the file and the cause, so a CI job gating on the plan
+    stops a broken drop-in.
+
     Attributes:
         action: A verb: ``import``, ``pull``, ``unpin``, ``create``, ``update``, ``remove``, ``prune``...
+            or ``invalid``.
         target: What it acts on: an image reference, a file, ``Kind namespace/name``.
         diff: A unified diff of the change when there is text to compare, else ``""``.
         detail: More JSON-able facts (digests, sizes), for ``--json``.
@@ -236,9 +241,23 @@ class PlannedChange:
     diff: str = ""
     detail: JSONValue = None
 
+    INVALID: ClassVar[str] = "invalid"
+
+    @classmethod
+    def invalid(cls, path: Path | str, error: str) -> PlannedChange:
+        """``path`` is an input the next pass would refuse, for ``error`` (the plan fails: exit 1)."""
+        return cls(cls.INVALID, str(path), detail={"error": error})
+
+    @property
+    def is_invalid(self) -> bool:
+        """Whether this entry reports a refused input rather than a change."""
+        return self.action == self.INVALID
+
     @property
     def line(self) -> str:
-        """The human one-liner, ``"<action> <target>"``."""
+        """The human one-liner, ``"<action> <target>"`` (``invalid <file>: <error>`` for a refused input)."""
+        if self.is_invalid and isinstance(self.detail, dict):
+            return f"INVALID {self.target}: {self.detail.get('error')}"
         return f"{self.action} {self.target}"
 
     def to_json(self) -> dict[str, JSONValue]:

@@ -120,3 +120,18 @@ async def test_skip_marker_plans_the_removal_the_pass_makes(kube: KubeCluster, t
     changes, _ = await _plan_then_pass(config, kube, namespace)
     assert {(action, target) for _, action, target in changes} == {
         ("create", f"ConfigMap {namespace}/s1"), ("create", f"ConfigMap {namespace}/s2")}
+
+
+async def test_a_manifest_the_pass_would_refuse_fails_the_plan_naming_it(
+        kube: KubeCluster, tmp_path: Path, namespace: str) -> None:
+    root, config = _setup(tmp_path, kube.kubeconfig, namespace)
+    _write(root / "good.yaml", [cm("good", namespace, v="1")])
+    broken = root / "broken.yaml"
+    broken.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: [unclosed\n")
+    rc, doc, err = await run_plan(config)
+    assert rc == 1, err
+    manifests = consumer_doc(doc, "manifests")
+    assert manifests["status"] == "invalid"
+    (entry,) = manifests["invalid"]
+    assert entry["path"] == str(broken) and entry["error"]
+    assert any(p == str(root / "good.yaml") for p, _, _ in planned(doc, "manifests")), "the good file is still planned"

@@ -71,13 +71,21 @@ async def test_plan_matches_the_real_pass(tmp_path: Path) -> None:
     assert (foreign / "hosts.toml").read_text() == 'server = "https://d.example.com"\n'
 
 
-async def test_broken_input_plans_nothing_as_the_pass_writes_nothing(tmp_path: Path) -> None:
+async def test_a_broken_input_fails_the_plan_naming_it_as_the_pass_writes_nothing(tmp_path: Path) -> None:
     config, conf_d, hosts = _setup(tmp_path)
     (conf_d / "10-a.conf").write_text(mirror_conf("a.example.com", "127.0.0.1:5001"))
     await _plan_then_pass(config, hosts)
     (conf_d / "10-a.conf").write_text(mirror_conf("a.example.com", "127.0.0.1:5009"))
-    (conf_d / "20-broken.conf").write_text("[[registry]\n")
-    rc, _, err = await run_plan(config)
-    assert rc == 0 and "20-broken.conf" in err and "would write nothing" in err
-    changes, _ = await _plan_then_pass(config, hosts)
-    assert changes == set()
+    broken = conf_d / "20-broken.conf"
+    broken.write_text("[[registry]\n")
+    rc, doc, err = await run_plan(config)
+    assert rc == 1, err  # a CI job gating on the plan stops here
+    mirrors = consumer_doc(doc, "mirrors")
+    assert mirrors["status"] == "invalid" and doc["exit_code"] == 1
+    (entry,) = mirrors["invalid"]
+    assert entry["path"] == str(broken) and "invalid TOML" in entry["error"] and "would write nothing" in entry["error"]
+    rc, text = await run_text_plan(config)
+    assert rc == 1 and f"INVALID {broken}" in text
+    before = tree(hosts, "hosts.toml")
+    await real_pass(config)
+    assert tree(hosts, "hosts.toml") == before, "the pass wrote something after all"

@@ -73,9 +73,8 @@ class ImagePlanner:
                     now[path], out[path] = await self._list(path)
                 else:
                     now[path], out[path] = await self._tar(path)
-            except PermanentError as exc:  # the pass rejects the file and keeps what it held
-                self.log.warning("The next pass rejects %s: %s", path, exc)
-                out[path] = []
+            except PermanentError as exc:  # the pass rejects the file and keeps what it held: the plan fails
+                out[path] = [PlannedChange.invalid(path, str(exc))]
         for path, refs in now.items():
             out[path] += await self._release(path, refs, now)
         return out

@@ -298,13 +298,17 @@ class KubeManifestsConsumer(BaseConsumer):
                 paths.setdefault(target, c if target == c.path else Change(target, ChangeKind.MODIFIED, None))
         removals = [p for p in paths if not p.exists() or p.with_name(p.name + SKIP_SUFFIX).exists()]
         manifests: dict[Path, Manifest] = {}
+        refused: dict[Path, list[PlannedChange]] = {}
         for path, change in paths.items():
             if path in removals or self._unchanged(change):
                 continue
             try:
                 manifests[path] = await load_manifest(path, max_bytes=self.settings.max_file_size)
-            except ReloaddError as exc:
-                self.log.warning("Cannot plan %s (the next pass rejects it): %s", path, exc)
+            except ReloaddError as exc:  # the next pass rejects it: the plan fails, naming it
+                refused[path] = [PlannedChange.invalid(path, str(exc))]
+                continue
+            if manifests[path].errors:  # documents the pass cannot read: it applies the rest and rejects the file
+                refused[path] = [PlannedChange.invalid(path, "; ".join(map(str, manifests[path].errors)))]
         declared = {path: await declared_refs(applier, m) for path, m in manifests.items()}
         claimed: set[ObjRef] = set().union(*declared.values())
         planned: dict[Path, list[PlannedChange]] = {}
@@ -315,7 +319,7 @@ class KubeManifestsConsumer(BaseConsumer):
                 self.log.warning("The next pass cannot apply all of %s: %s", path, problem)
         for path in removals:
             planned[path] = await preview_remove(applier, self.key(path), keep=claimed)
-        return planned
+        return {p: [*planned.get(p, ()), *refused.get(p, ())] for p in {**planned, **refused}}
 
     def _unchanged(self, change: Change) -> bool:
         """The test :meth:`_one` makes before applying: same content as applied last, without errors."""

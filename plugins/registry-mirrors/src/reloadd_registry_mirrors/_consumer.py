@@ -242,11 +242,9 @@ class RegistryMirrorsConsumer(BaseConsumer):
         """
         inputs = self.settings.inputs
         outcome = evaluate(inputs, await read_snapshot(inputs))
-        if outcome.rendered is None:
-            for diags in outcome.errors.values():
-                for d in diags:
-                    self.log.warning("%s: %s; the next pass would write nothing", d.path, d)
-            return {}
+        if outcome.rendered is None:  # the pass would write nothing: the plan fails, naming each broken input
+            return {path: [PlannedChange.invalid(path, f"{'; '.join(map(str, diags))}; the next pass would write "
+                                                       "nothing")] for path, diags in outcome.errors.items()}
         hosts_dir = self.settings.hosts_dir
         steps = await asyncio.to_thread(decide, hosts_dir.resolve(), outcome.rendered.files)
         return {
