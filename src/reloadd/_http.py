@@ -9,34 +9,26 @@ Health (``/healthz``, for liveness probes and ``WatchdogSec``-style supervision)
     internal tasks (the pump, a consumer queue, a source supervisor) has died. A
     restart is the right cure for both.
 
-Readiness (``/readyz``), all of:
-    * the initial pass is done: every path found at start-up was handed to its
-      consumer at least once (``Reloader.ready``, or every path still waiting is
-      waiting for a *retry*; one bad file must not keep a node unready forever;
-      ``ready_max_age`` below catches it if it stays bad);
-    * the watch is armed, or *degraded to rescans only* (an exhausted inotify watch
-      limit): rescans still converge within ``rescan_interval``, so this is reported
-      as ``reloadd_watch_degraded 1`` and in ``reloadd status``, not as unready;
-    * no consumer has a path waiting longer than ``[reloadd] ready_max_age``.
+Readiness (``/readyz``) is :meth:`reloadd._snapshot.Snapshot.readiness`, the one rule
+``reloadd status``, the metrics and systemd use too: the initial pass is done, the watch
+serves (armed, or degraded to rescans only, which still converge), and no path has
+waited longer than ``[reloadd] ready_max_age``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from ._errors import ConfigError
+from ._snapshot import Pipeline
 from ._watch import WatchState
-
-if TYPE_CHECKING:
-    from ._reloader import Reloader
 
 __all__ = ["MAX_LOOP_LAG", "Handler", "Health", "LoopMonitor", "Response", "endpoints", "parse_listen"]
 
@@ -107,62 +99,31 @@ class Response:
 
 
 class Health:
-    """Liveness and readiness of one reloader.
+    """Liveness and readiness of one pipeline, read from its snapshot.
 
     Args:
-        reloader: The reloader.
-        monitor: The loop monitor whose ticker runs on the reloader's loop.
+        pipeline: The pipeline (a :class:`~reloadd.Reloader`).
+        monitor: The loop monitor whose ticker runs on the pipeline's loop.
     """
 
-    def __init__(self, reloader: Reloader, monitor: LoopMonitor) -> None:
-        self.reloader = reloader
+    def __init__(self, pipeline: Pipeline, monitor: LoopMonitor) -> None:
+        self.pipeline = pipeline
         self.monitor = monitor
-        self._initial_done = False
 
     def initial_pass_done(self) -> bool:
         """Whether every path found at start-up has been handed over at least once (latched)."""
-        if self._initial_done:
-            return True
-        r = self.reloader
-        if r.ready:
-            self._initial_done = True
-            return True
-        try:
-            engine = r.engine
-        except RuntimeError:
-            return False
-        if not engine.startup_done.is_set() or engine.busy or not engine.inbox.empty() or len(engine.agg):
-            return False
-        for slot in engine.slots.values():
-            counts = slot.queue.counts()
-            if counts.in_flight or counts.untried:
-                return False
-        self._initial_done = True
-        return True
+        return self.pipeline.snapshot().initial_pass_done
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """``(ready, details)`` as served by ``/readyz``."""
-        r = self.reloader
-        problems: list[str] = []
-        if not self.initial_pass_done():
-            problems.append("initial pass not done")
-        if not r.watch.serving:
-            problems.append(f"watch {r.watch_state}")
-        ages: dict[str, float] = {}
-        with contextlib.suppress(RuntimeError):
-            for name, slot in r.engine.slots.items():
-                ages[name] = round(slot.queue.oldest_age(), 3)
-                if ages[name] > r.config.ready_max_age:
-                    problems.append(
-                        f"consumer {name}: a path has waited {ages[name]:.0f}s "
-                        f"(ready_max_age {r.config.ready_max_age:g}s)"
-                    )
-        return not problems, {"ready": not problems, "problems": problems, "watch": r.watch_state,
-                              "oldest_pending_age": ages}
+        """``(ready, details)`` as served by ``/readyz`` (the snapshot's one rule)."""
+        snap = self.pipeline.snapshot()
+        ready, problems = snap.readiness()
+        ages = {c.name: round(c.oldest_pending_age, 3) for c in snap.consumers}
+        return ready, {"ready": ready, "problems": problems, "watch": str(snap.watch), "oldest_pending_age": ages}
 
     def dead_tasks(self) -> list[str]:
-        """Names of the reloader's internal tasks that ended while it is still running."""
-        return self.reloader.dead_tasks()
+        """Names of the pipeline's internal tasks that ended while it is still running."""
+        return list(self.pipeline.snapshot().dead_tasks)
 
     def liveness(self) -> tuple[bool, dict[str, Any]]:
         """``(alive, details)`` as served by ``/healthz``."""
@@ -170,10 +131,10 @@ class Health:
         lag = self.monitor.lag
         if lag > MAX_LOOP_LAG:
             problems.append(f"event loop woke {lag:.1f}s late")
-        dead = self.dead_tasks()
-        if dead:
-            problems.append(f"task(s) ended: {', '.join(dead)}")
-        if self.reloader.watch.state is WatchState.STOPPED:
+        snap = self.pipeline.snapshot()
+        if snap.dead_tasks:
+            problems.append(f"task(s) ended: {', '.join(snap.dead_tasks)}")
+        if snap.watch.state is WatchState.STOPPED:
             problems.append("stopped")
         return not problems, {"alive": not problems, "problems": problems, "loop_lag": round(lag, 4)}
 

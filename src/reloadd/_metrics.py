@@ -1,4 +1,4 @@
-"""Prometheus metrics read live from a :class:`~reloadd.Reloader`.
+"""Prometheus metrics read from a pipeline's snapshot (:mod:`reloadd._snapshot`) at scrape time.
 
 Nothing is counted twice: the engine, the aggregator and each work queue already keep
 their counters (``EngineStats``, ``Aggregator.coalesced``, ``QueueStats``); the collector
@@ -38,7 +38,6 @@ consumer_stat                                  gauge    consumer, name (the plug
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import platform
 from collections.abc import Callable, Iterator
@@ -53,13 +52,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from ._snapshot import EngineCounters, Pipeline, Snapshot
 from ._watch import WatchState
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
-
-    from ._engine import Engine
-    from ._reloader import Reloader
 
 __all__ = ["ReloaderCollector", "build_registry"]
 
@@ -72,42 +69,27 @@ def _version() -> str:
 
 
 class ReloaderCollector(Collector):
-    """A collector that reads a reloader's counters at scrape time.
+    """A collector that reads a pipeline's snapshot at scrape time.
 
     Args:
-        reloader: The reloader (may not have started yet: only build info and
-            ``reloadd_ready 0`` are exported then).
+        pipeline: The pipeline (a :class:`~reloadd.Reloader`; before it started only build info,
+            the watch gauges and ``reloadd_ready 0`` are exported).
         loop_lag: Returns the event loop's last measured lag in seconds.
-        ready: Returns readiness as ``/readyz`` judges it; defaults to ``reloader.ready``.
-        watch_count: Returns the inotify watches held; defaults to the reloader's
-            ``watch_count``.
     """
 
-    def __init__(
-        self,
-        reloader: Reloader,
-        *,
-        loop_lag: Callable[[], float | None] | None = None,
-        ready: Callable[[], bool] | None = None,
-        watch_count: Callable[[], int | None] | None = None,
-    ) -> None:
-        self.reloader = reloader
+    def __init__(self, pipeline: Pipeline, *, loop_lag: Callable[[], float | None] | None = None) -> None:
+        self.pipeline = pipeline
         self._loop_lag = loop_lag
-        self._ready = ready or (lambda: reloader.ready)
-        self._watch_count = watch_count or self._default_watch_count
         self._version = _version()
-
-    def _default_watch_count(self) -> int | None:
-        return self.reloader.watch_count
 
     def collect(self) -> Iterator[Metric]:
         """Yield every family (called by the registry on each scrape)."""
         info = InfoMetricFamily("reloadd_build", "reloadd build information.")
         info.add_metric([], {"version": self._version, "python": platform.python_version()})
         yield info
-        r = self.reloader
-        state = r.watch.state
-        yield _gauge("reloadd_ready", "1 while ready (as /readyz answers).", float(self._ready()))
+        snap = self.pipeline.snapshot()
+        state = snap.watch.state
+        yield _gauge("reloadd_ready", "1 while ready (as /readyz answers).", float(snap.ready))
         yield _gauge("reloadd_watch_armed", "1 while every inotify watch is armed.", float(state is WatchState.ARMED))
         yield _gauge("reloadd_watch_degraded", "1 while watching by periodic rescans only.",
                      float(state is WatchState.DEGRADED))
@@ -115,25 +97,19 @@ class ReloaderCollector(Collector):
             lag = self._loop_lag()
             if lag is not None:
                 yield _gauge("reloadd_event_loop_lag_seconds", "Last measured event loop lag.", lag)
-        try:
-            engine = r.engine
-        except RuntimeError:
+        if snap.engine is None:
             return
-        watches = self._watch_count()
-        if watches is not None:
-            yield _gauge("reloadd_watches", "inotify watches held.", float(watches))
-        yield from self._engine_families(engine)
-        yield from self._consumer_families(engine)
+        yield _gauge("reloadd_watches", "inotify watches held.", float(snap.watch_count))
+        yield from self._engine_families(snap.engine)
+        yield from self._consumer_families(snap)
 
-    def _engine_families(self, engine: Engine) -> Iterator[Metric]:
-        st = engine.stats
+    def _engine_families(self, st: EngineCounters) -> Iterator[Metric]:
         events = CounterMetricFamily("reloadd_events", "Source events received.", labels=["source", "kind"])
         for (source, kind), n in sorted(st.events.items()):
             events.add_metric([source, kind], n)
         yield events
         yield CounterMetricFamily("reloadd_changes_coalesced",
-                                  "Events folded into a path already waiting to settle.",
-                                  value=engine.agg.coalesced)
+                                  "Events folded into a path already waiting to settle.", value=st.coalesced)
         yield CounterMetricFamily("reloadd_changes_handed_over",
                                   "Settled paths put on a consumer's queue.", value=st.handed_over)
         yield CounterMetricFamily("reloadd_overflows", "inotify queue overflows (each forces a rescan).",
@@ -146,7 +122,7 @@ class ReloaderCollector(Collector):
                                   "Periodic rescans that listed the directories live watches cover, "
                                   "without a stat per file (see full_rescan_interval).", value=st.covered_rescans)
 
-    def _consumer_families(self, engine: Engine) -> Iterator[Metric]:
+    def _consumer_families(self, snap: Snapshot) -> Iterator[Metric]:
         lab = ["consumer"]
         fam: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "info": GaugeMetricFamily("reloadd_consumer_info", "Configured consumers.",
@@ -180,29 +156,24 @@ class ReloaderCollector(Collector):
                 "reloadd_consumer_held_paths", "Paths settling for longer than max_delay (open for writing, still "
                 "growing): nothing waits for them any more; handed over at max_hold.", labels=lab),
         }
-        for name, slot in sorted(engine.slots.items()):
-            q, st = slot.queue, slot.queue.stats
-            counts = q.counts()
-            fam["info"].add_metric([name, type(slot.consumer).__module__.split(".")[0]], 1)
-            fam["batches"].add_metric([name], st.batches)
-            for outcome, n in (("success", st.acked), ("retry", st.retried), ("failure", st.rejected)):
+        for c in sorted(snap.consumers, key=lambda c: c.name):
+            name = c.name
+            fam["info"].add_metric([name, c.plugin], 1)
+            fam["batches"].add_metric([name], c.batches)
+            for outcome, n in (("success", c.acked), ("retry", c.retried), ("failure", c.rejected_total)):
                 fam["results"].add_metric([name, outcome], n)
-            fam["unchanged"].add_metric([name], st.dropped_unchanged)
-            fam["depth"].add_metric([name], counts.pending)
-            fam["inflight"].add_metric([name], counts.in_flight)
-            fam["failing"].add_metric([name], counts.failing)
-            fam["rejected"].add_metric([name], counts.rejected)
-            fam["age"].add_metric([name], q.oldest_age())
-            fam["last"].add_metric([name], st.last_success or 0.0)
-            held = q.held_removals()
-            fam["prune"].add_metric([name], sum(h["size"] for h in held))
-            fam["prune_paths"].add_metric([name], len(held))
-            fam["held"].add_metric([name], len(engine.held_long(name)))
-            stats = getattr(slot.consumer, "stats", None)
-            if isinstance(stats, dict):
-                for key, value in sorted(stats.items()):
-                    with contextlib.suppress(TypeError, ValueError):
-                        fam["stat"].add_metric([name, str(key)], float(value))
+            fam["unchanged"].add_metric([name], c.dropped_unchanged)
+            fam["depth"].add_metric([name], c.pending)
+            fam["inflight"].add_metric([name], c.in_flight)
+            fam["failing"].add_metric([name], c.failing)
+            fam["rejected"].add_metric([name], c.rejected)
+            fam["age"].add_metric([name], c.oldest_pending_age)
+            fam["last"].add_metric([name], c.last_success or 0.0)
+            fam["prune"].add_metric([name], c.prune_held)
+            fam["prune_paths"].add_metric([name], c.prune_held_paths)
+            fam["held"].add_metric([name], c.held_paths)
+            for key, value in sorted(c.stats.items()):
+                fam["stat"].add_metric([name, key], value)
         yield from fam.values()
 
 
@@ -211,22 +182,20 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 
 def build_registry(
-    reloader: Reloader,
+    pipeline: Pipeline,
     *,
     loop_lag: Callable[[], float | None] | None = None,
-    ready: Callable[[], bool] | None = None,
     process: bool = True,
 ) -> CollectorRegistry:
     """A private registry holding a :class:`ReloaderCollector` (and process metrics).
 
     Args:
-        reloader: The reloader to export.
+        pipeline: The pipeline to export (a :class:`~reloadd.Reloader`).
         loop_lag: Returns the last measured event loop lag (seconds).
-        ready: Returns readiness as ``/readyz`` judges it.
         process: Also export ``process_*`` (CPU, memory, open fds) of this process.
     """
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ReloaderCollector(reloader, loop_lag=loop_lag, ready=ready))
+    registry.register(ReloaderCollector(pipeline, loop_lag=loop_lag))
     if process:
         ProcessCollector(registry=registry)
     return registry

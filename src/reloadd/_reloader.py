@@ -39,6 +39,7 @@ from ._order import check_after, group_matcher
 from ._plugins import SOURCE_GROUP, load
 from ._prune import PruneGuard
 from ._queue import WorkQueue
+from ._snapshot import ConsumerSnapshot, EngineCounters, Snapshot
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import RecordStore, lock_state_dir
 from ._supervisor import supervise
@@ -110,6 +111,7 @@ class Reloader:
         self._live: dict[str, Source] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._private = PrivateDirs()  # plugins' own directories
+        self._initial_done = False  # the initial pass latch readiness uses (see _initial_pass_done)
         self._passed: set[tuple[str, str]] = set()  # (consumer, held path it went ahead without) already logged
         self._groups: dict[str, tuple[tuple[str, ...], ...]] = {}
 
@@ -521,20 +523,66 @@ class Reloader:
         await asyncio.wait_for(_wait(), timeout)
 
     def status(self) -> dict[str, Any]:
-        """A JSON-able snapshot for ``reloadd status`` and /readyz."""
+        """The status document ``reloadd status --json`` prints: ``ready`` is what /readyz answers."""
+        return self.snapshot(detail=True).status()
+
+    def snapshot(self, detail: bool = False) -> Snapshot:
+        """The pipeline now, for the operations services (see :mod:`reloadd._snapshot`).
+
+        Args:
+            detail: Also the per-path lists ``reloadd status`` shows (pending, failing, held...);
+                without it only counts are taken (a scrape in a 100k-path burst lists nothing).
+        """
         engine = self._engine
-        consumers = {}
-        if engine is not None:
-            for name, slot in engine.slots.items():
-                consumers[name] = {
-                    "plugin": type(slot.consumer).__module__.split(".")[0],
+        if engine is None:
+            return Snapshot(self.watch, ready_max_age=self.config.ready_max_age, dead_tasks=tuple(self.dead_tasks()))
+        consumers = []
+        for name, slot in engine.slots.items():
+            q, st = slot.queue, slot.queue.stats
+            counts = q.counts()
+            held = q.held_removals()
+            stats = getattr(slot.consumer, "stats", None)
+            doc: dict[str, Any] | None = None
+            if detail:
+                doc = {
+                    "plugin": _plugin_of(slot.consumer),
                     "roots": [str(r) for r in slot.filter.roots],
                     "records": len(slot.records),
                     "settling": engine.agg.count(name),
                     "held": self._held_status(engine, name),
-                    **slot.queue.status(),
+                    **q.status(),
                 }
-        return {"watch": self.watch_state, "ready": self.ready, "consumers": consumers}
+            consumers.append(ConsumerSnapshot(
+                name, _plugin_of(slot.consumer), tuple(str(r) for r in slot.filter.roots), len(slot.records),
+                counts.rejected, engine.agg.count(name), counts.pending, counts.in_flight, counts.failing,
+                counts.untried, q.oldest_age(), st.batches, st.acked, st.retried, st.rejected, st.dropped_unchanged,
+                st.last_success, sum(h["size"] for h in held), len(held), len(engine.held_long(name)),
+                _numbers(stats), doc,
+            ))
+        es = engine.stats
+        counters = EngineCounters(dict(es.events), engine.agg.coalesced, es.handed_over, es.overflows, es.resyncs,
+                                  es.rescans, es.rescan_seconds, es.covered_rescans)
+        return Snapshot(self.watch, True, self._initial_pass_done(), self.config.ready_max_age,
+                        tuple(self.dead_tasks()), self.watch_count, tuple(consumers), counters)
+
+    def _initial_pass_done(self) -> bool:
+        """Every path found at start-up was handed over once, or waits for a retry (latched)."""
+        if self._initial_done:
+            return True
+        engine = self._engine
+        if engine is None:
+            return False
+        if self.ready:
+            self._initial_done = True
+            return True
+        if not engine.startup_done.is_set() or engine.busy or not engine.inbox.empty() or len(engine.agg):
+            return False
+        for slot in engine.slots.values():
+            counts = slot.queue.counts()
+            if counts.in_flight or counts.untried:
+                return False
+        self._initial_done = True
+        return True
 
     def _held_status(self, engine: Engine, name: str) -> list[dict[str, Any]]:
         """Paths settling past max_delay (a file kept open, still growing), with the writers /proc names."""
@@ -556,6 +604,20 @@ class Reloader:
         if self._engine is None:
             raise RuntimeError("the reloader has not started")
         return self._engine
+
+
+def _plugin_of(consumer: Consumer) -> str:
+    return type(consumer).__module__.split(".")[0]
+
+
+def _numbers(stats: object) -> dict[str, float]:
+    """A plugin's ``stats`` as numbers (anything else left out)."""
+    out: dict[str, float] = {}
+    if isinstance(stats, dict):
+        for key, value in stats.items():
+            with contextlib.suppress(TypeError, ValueError):
+                out[str(key)] = float(value)
+    return out
 
 
 class _Pump:

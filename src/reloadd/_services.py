@@ -42,9 +42,9 @@ from ._control import ControlServer
 from ._http import Health, LoopMonitor, endpoints
 from ._metrics import build_registry
 from ._sdnotify import Notifier, watchdog_interval
+from ._snapshot import Pipeline
 
 if TYPE_CHECKING:
-    from ._reloader import Reloader
     from ._webserver import HttpServer
 
 __all__ = ["Services", "services"]
@@ -83,25 +83,23 @@ class Services:
         return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
 
-def status_line(reloader: Reloader) -> str:
+def status_line(pipeline: Pipeline) -> str:
     """One line for systemd's ``STATUS=``."""
-    try:
-        slots = list(reloader.engine.slots.values())
-    except RuntimeError:
-        return f"watch {reloader.watch_state}"
-    counts = [s.queue.counts() for s in slots]
-    pending = sum(c.pending for c in counts)
-    failing = sum(c.failing for c in counts)
-    rejected = sum(c.rejected for c in counts)
-    parts = [f"{len(slots)} consumer(s)", f"watch {reloader.watch_state}", f"{pending} pending"]
-    if failing:
-        parts.append(f"{failing} failing")
-    if rejected:
-        parts.append(f"{rejected} rejected")
+    snap = pipeline.snapshot()
+    if not snap.started:
+        return f"watch {snap.watch}"
+    t = snap.totals()
+    parts = [f"{len(snap.consumers)} consumer(s)", f"watch {snap.watch}", f"{t.pending} pending"]
+    if t.failing:
+        parts.append(f"{t.failing} failing")
+    if t.rejected:
+        parts.append(f"{t.rejected} rejected")
+    if t.prune_held_paths:
+        parts.append(f"{t.prune_held_paths} removal(s) held")
     return ", ".join(parts)
 
 
-async def _wait_stop(reloader: Reloader, within: float | None) -> bool:
+async def _wait_stop(reloader: Pipeline, within: float | None) -> bool:
     """Wait up to ``within`` seconds for the reloader to be asked to stop; return whether it was."""
     try:
         await asyncio.wait_for(reloader.wait_stop_requested(), within)
@@ -110,7 +108,7 @@ async def _wait_stop(reloader: Reloader, within: float | None) -> bool:
     return True
 
 
-async def _systemd(reloader: Reloader, health: Health, notifier: Notifier) -> None:
+async def _systemd(reloader: Pipeline, health: Health, notifier: Notifier) -> None:
     """READY=1 after the initial pass, WATCHDOG=1 pings, STATUS= refreshes, STOPPING=1."""
     interval = watchdog_interval()
     loop = asyncio.get_running_loop()
@@ -143,7 +141,7 @@ async def _systemd(reloader: Reloader, health: Health, notifier: Notifier) -> No
 
 
 @contextlib.asynccontextmanager
-async def services(reloader: Reloader, *, notify_socket: str | None = None) -> AsyncIterator[Services]:
+async def services(reloader: Pipeline, *, notify_socket: str | None = None) -> AsyncIterator[Services]:
     """Run the configured services around ``reloader`` for the duration of the block.
 
     Args:
@@ -158,7 +156,7 @@ async def services(reloader: Reloader, *, notify_socket: str | None = None) -> A
     cfg = reloader.config
     monitor = LoopMonitor()
     health = Health(reloader, monitor)
-    registry = build_registry(reloader, loop_lag=monitor.value, ready=lambda: health.readiness()[0])
+    registry = build_registry(reloader, loop_lag=monitor.value)
     svc = Services(registry=registry, health=health, notifier=Notifier(notify_socket))
     tasks: list[asyncio.Task[Any]] = [asyncio.create_task(monitor.run(), name="reloadd-loop-monitor")]
     http: HttpServer | None = None
@@ -172,8 +170,7 @@ async def services(reloader: Reloader, *, notify_socket: str | None = None) -> A
             svc.http = http
         if cfg.control_socket:
             def extra() -> dict[str, Any]:
-                ready, doc = health.readiness()  # the same verdict as /readyz
-                return {"ready": ready, "ready_problems": doc["problems"], "metrics": svc.metrics_url}
+                return {"metrics": svc.metrics_url}
 
             control = ControlServer(reloader, cfg.control_socket, extra=extra)
             await control.start()

@@ -18,13 +18,13 @@ from pathlib import Path
 
 from ._building import build_consumer
 from ._config import Config, load_config
-from ._control import confirm_prune, query_status, send_reload
 from ._errors import ReloaddError
 from ._logging import configure_logging
 from ._pidfile import remove_pid_file, signal_pid_file, write_pid_file
 from ._plan import plan
 from ._reloader import Reloader
 from ._services import services
+from ._terminal import confirm_prune, query_status, send_reload
 
 __all__ = ["main"]
 

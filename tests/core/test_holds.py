@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reloadd import parse_config
-from reloadd._control import format_status
+from reloadd._terminal import format_status
 from tests.faults._daemon import until
 
 pytestmark = pytest.mark.timeout(60)

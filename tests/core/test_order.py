@@ -9,7 +9,7 @@ import time
 import pytest
 
 from reloadd import ConfigError, Reloader, Retry, parse_config
-from reloadd._control import format_status
+from reloadd._terminal import format_status
 
 from ..conftest import config_for
 

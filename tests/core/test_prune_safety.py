@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from reloadd import ChangeKind
-from reloadd._control import format_status
+from reloadd._terminal import format_status
 from tests.faults._daemon import Daemon, until
 
 pytestmark = pytest.mark.timeout(120)
