@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ async def verdicts(r: Reloader, base: str, sock: Path) -> dict[str, bool]:
     """Every place that says whether the node is ready."""
     return {
         "Reloader.status()": bool(r.status()["ready"]),
-        "reloadd status": bool(request(sock, "status")["status"]["ready"]),
+        "reloadd status": bool((await asyncio.to_thread(request, sock, "status"))["status"]["ready"]),
         "/readyz": (await http_get(base + "/readyz"))[0] == 200,
         "reloadd_ready": sample(await scrape(base), "reloadd_ready") == 1,
     }
@@ -59,12 +60,15 @@ async def test_a_stuck_path_makes_every_view_unready(tmp_path: Path) -> None:
     hook.fail(1, "containerd is down")
     (watched / "stuck.tar").write_text("x")
     cfg = load_config(config(tmp_path, [{"name": "hook", "plugin": "exec", "paths": [str(watched)],
-                                         "options": {"command": hook.command}}], ready_max_age="2s"))
+                                         "options": {"command": hook.command}}], ready_max_age="4s"))
     assert cfg.control_socket is not None
     r = Reloader(cfg)
     async with services(r) as svc, r:
         base = (svc.metrics_url or "").removesuffix("/metrics")
         await until(lambda: r.status()["consumers"]["hook"]["failing"] != [], what="the path failing")
+        # Failing but not yet stuck: a path waiting for a retry keeps no view unready (the old status said otherwise).
+        views = await verdicts(r, base, cfg.control_socket)
+        assert set(views.values()) == {True}, views
         await until(lambda: not r.status()["ready"], what="stuck past ready_max_age")
         views = await verdicts(r, base, cfg.control_socket)
         assert set(views.values()) == {False}, views
