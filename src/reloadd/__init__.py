@@ -10,7 +10,15 @@ import typing as _typing
 
 from ._command import CommandError, CommandResult, run_command
 from ._config import Config, ConsumerConfig, load_config, parse_config
-from ._consumer import BaseConsumer, Consumer, ConsumerContext, ConsumerFactory, Planner, PruneAware
+from ._consumer import (
+    BaseConsumer,
+    Consumer,
+    ConsumerContext,
+    ConsumerFactory,
+    Planner,
+    PruneAware,
+    SourceProvider,
+)
 from ._errors import (
     ConfigError,
     ConsumerError,
@@ -110,6 +118,7 @@ __all__ = [
     "Source",
     "SourceContext",
     "SourceEvent",
+    "SourceProvider",
     "StateError",
     "TransientError",
     "Watch",

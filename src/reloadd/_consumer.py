@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ._errors import PlanUnsupportedError
+from ._sources.base import Source, SourceContext
 from ._types import Batch, PathRecord, Plan, Result
 
-__all__ = ["BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory", "Planner", "PruneAware"]
+__all__ = ["BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory", "Planner", "PruneAware", "SourceProvider"]
 
 
 @runtime_checkable
@@ -115,6 +116,22 @@ class PruneAware(Protocol):
         ...
 
 
+@runtime_checkable
+class SourceProvider(Protocol):
+    """The optional half of the contract for consumers that watch what they produced (guarded state).
+
+    A far-side source (containerd's event stream, a Kubernetes watch) is a :class:`~reloadd.Source`
+    like inotify's: the core runs it under the same supervisor (rebuilt after any failure, with
+    backoff), and it only emits :class:`~reloadd.SourceEvent` values. A ``DRIFTED`` event naming a
+    path and this consumer hands the path over again, forced, with ``Reason.DRIFT``: settling, the
+    work queue, retries, status and metrics apply unchanged.
+    """
+
+    def sources(self) -> Sequence[Callable[[SourceContext], Source]]:
+        """Factories of this consumer's far-side sources, called once the consumer has started."""
+        ...
+
+
 @dataclass
 class ConsumerContext:
     """Everything a factory gets to build a consumer.
@@ -180,6 +197,10 @@ class BaseConsumer:
 
     async def removals_held(self, paths: Sequence[Path], why: str) -> None:
         """Nothing more than the engine's WARNING by default (see :class:`PruneAware`)."""
+
+    def sources(self) -> Sequence[Callable[[SourceContext], Source]]:
+        """No far-side sources by default (see :class:`SourceProvider`)."""
+        return ()
 
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
         """Subclasses must implement this."""

@@ -244,6 +244,8 @@ class Engine:
                 resync = True
             elif ev.kind is EventKind.SUBTREE and ev.path is not None:
                 subtrees.add(Path(ev.path))
+            elif ev.kind is EventKind.DRIFTED and ev.path is not None:
+                self._force(Force(ev.consumer, (Path(ev.path),)), now, Reason.DRIFT)
             elif ev.path is not None:
                 self._observe_file(ev, now)
         if resync:
@@ -270,13 +272,13 @@ class Engine:
                 self.agg.observe((slot.name, key), now, reason=Reason.INOTIFY, writing=writing)
                 self.agg.coalesced += ev.folded  # folded by the source: coalesced all the same
 
-    def _force(self, f: Force, now: float) -> None:
+    def _force(self, f: Force, now: float, reason: Reason = Reason.SIGNAL) -> None:
         slots = [self.slots[f.consumer]] if f.consumer in self.slots else list(self.slots.values())
         for s in slots:
             for p in f.paths or ():
                 key = os.fspath(p)
                 if s.owns(key, p) or key in s.records.by_str:
-                    self.agg.observe((s.name, key), now, reason=Reason.SIGNAL, forced=True)
+                    self.agg.observe((s.name, key), now, reason=reason, forced=True)
 
     # Reconcile -------------------------------------------------------------------
     async def reconcile(

@@ -537,7 +537,8 @@ class WorkQueue:
 
     async def _run_batch(self, items: list[Item]) -> None:
         changes = tuple(self._change_of(i) for i in items)
-        reason = Reason.SIGNAL if any(i.forced for i in items) else items[0].reason
+        forced = [i.reason for i in items if i.forced]  # who asked: an operator (signal) or a far-side source (drift)
+        reason = (forced[0] if forced[0] is not Reason.INOTIFY else Reason.SIGNAL) if forced else items[0].reason
         by_path: dict[Path, tuple[Item, Change]] = {}  # built at the first early report (hashing Paths costs)
         settled: set[str] = set()  # reported early: recorded, released on their own
         releases: list[asyncio.Task[None]] = []

@@ -284,7 +284,7 @@ class Reloader:
             self._tasks.append(asyncio.create_task(slot.queue.run(), name=f"reloadd-queue-{slot.name}"))
         self._tasks.append(asyncio.create_task(self._supervise("pump", lambda ctx: _Pump(engine)),
                                                name="reloadd-pump"))
-        for name, factory in self._sources():
+        for name, factory in [*self._sources(), *self._far_side_sources(slots)]:
             self._tasks.append(asyncio.create_task(self._supervise(name, factory), name=f"reloadd-{name}"))
         if "inotify" in self.source_names:
             # Arm before the start-up walk: a change between the two is then seen by one of them.
@@ -303,6 +303,18 @@ class Reloader:
         if self._signals:
             names.append("signal")
         return [(n, load(SOURCE_GROUP, n)) for n in names]
+
+    def _far_side_sources(self, slots: list[Slot]) -> list[tuple[str, SourceFactory]]:
+        """Sources the consumers contribute (``SourceProvider``), named ``<consumer>/<source>``."""
+        out: list[tuple[str, SourceFactory]] = []
+        for slot in slots:
+            provide = getattr(slot.consumer, "sources", None)
+            if not callable(provide):
+                continue
+            for i, factory in enumerate(provide()):
+                name = getattr(factory, "name", None) or getattr(getattr(factory, "func", None), "name", f"source{i}")
+                out.append((f"{slot.name}/{name}", factory))
+        return out
 
     def _source_context(self) -> SourceContext:
         assert self._engine is not None

@@ -58,6 +58,9 @@ class Reason(enum.StrEnum):
     SIGNAL = "signal"
     """A forced resync: SIGHUP, ``reloadd reload`` or ``Reloader.trigger()``."""
 
+    DRIFT = "drift"
+    """A far-side source saw what the path declared change (an image removed, its pin stripped)."""
+
 
 class Fingerprint(NamedTuple):
     """The stat identity of a file: inode, size, and modification/change times.

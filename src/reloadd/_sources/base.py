@@ -43,6 +43,10 @@ class EventKind(enum.Enum):
     RESYNC = "resync"
     """Hand every path to its consumer again, forced (SIGHUP)."""
 
+    DRIFTED = "drifted"
+    """What ``path`` declared changed on the far side (an image removed, an object edited): hand the
+    path over again, forced, to ``consumer`` (or to every consumer that owns or recorded it)."""
+
 
 @dataclass(frozen=True, slots=True)
 class SourceEvent:
@@ -57,6 +61,8 @@ class SourceEvent:
     source: str = ""
     folded: int = 0
     """Further events of the same path this one stands for (the inotify source folds each read's)."""
+    consumer: str | None = None
+    """The consumer a ``DRIFTED`` event is for (a far-side source watches one consumer's output)."""
 
 
 @dataclass(frozen=True, slots=True)

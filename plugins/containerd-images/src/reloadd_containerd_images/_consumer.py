@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from reloadd import (
@@ -24,23 +25,24 @@ from reloadd import (
     Reject,
     Result,
     Retry,
+    Source,
+    SourceContext,
     TransientError,
 )
 
 from ._client import CRI_NAMESPACE, ContainerdClient
+from ._events import ImageEvents
 from ._importer import LEASE_LABEL, Importer, ImportSettings, lease_expiry
 from ._lists import pull_list, read_list
 from ._oci import host_platform
 from ._preview import ImagePlanner
 from ._settings import Settings
-from ._state import FileImages, state_of
+from ._state import PIN_LABEL, SOURCE_LABEL, FileImages, state_of
 from ._unpack import ChainLocks
 
 __all__ = ["ContainerdImagesConsumer"]
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.bz2", ".tbz", ".tbz2", ".tar.lz4")
-PIN_LABEL = "io.cri-containerd.pinned"
-SOURCE_LABEL = "reloadd.io/source"
 INSTANCE_LABEL = "reloadd.io/instance"
 
 
@@ -114,8 +116,41 @@ class ContainerdImagesConsumer(BaseConsumer):
         return name.endswith(TAR_SUFFIXES) or name.endswith(".txt")
 
     async def start(self) -> None:
-        """Check, in the background, that recorded images are still there and pinned."""
-        self._verify = asyncio.create_task(self._check_records(), name=f"{self.name}:verify")
+        """Check, in the background, that recorded images are still there and pinned.
+
+        With ``watch_events`` (the default) the ``containerd-events`` source does that check after
+        every (re)connect of its stream instead (see :meth:`sources`).
+        """
+        if not self.settings.watch_events:
+            self._verify = asyncio.create_task(self._check_records(), name=f"{self.name}:verify")
+
+    def sources(self) -> Sequence[Callable[[SourceContext], Source]]:
+        """The ``containerd-events`` source (guarded images), unless ``watch_events = false``."""
+        if not self.settings.watch_events:
+            return ()
+        factory = functools.partial(
+            ImageEvents, consumer=self.name, address=self.settings.address,
+            namespaces={self.settings.namespace, CRI_NAMESPACE}, records=lambda: list(self.ctx.records.items()),
+            pin=self.settings.pin, check=self.images_to_restore, checked=self.verified.set,
+        )
+        return (factory,)
+
+    async def images_to_restore(self) -> list[Path]:
+        """The recorded files whose images are missing or changed in containerd (missing pins are put back).
+
+        Raises:
+            TransientError: containerd cannot be reached.
+        """
+        await self._delete_own_leases()
+        redo: list[Path] = []
+        for path, rec in list(self.ctx.records.items()):
+            st = state_of(rec.data)
+            if st is None or rec.fingerprint is None or not path.exists() or rec.error:
+                continue
+            if not await self._intact(path, st):
+                redo.append(path)
+        self.stats["reimports_triggered"] += len(redo)
+        return redo
 
     async def close(self) -> None:
         """Stop the background check and close the channel."""
@@ -339,8 +374,11 @@ class ContainerdImagesConsumer(BaseConsumer):
         while True:
             try:
                 await self.client.version()
-                await self._delete_own_leases()
-                await self._verify_records()
+                redo = await self.images_to_restore()
+                if redo:
+                    self.log.warning("Images of %d file(s) are missing or changed in containerd; importing again: %s",
+                                     len(redo), ", ".join(map(str, redo)))
+                    self.ctx.trigger(redo)
                 self.verified.set()
                 return
             except TransientError as exc:
@@ -354,23 +392,6 @@ class ContainerdImagesConsumer(BaseConsumer):
             if labels.get(LEASE_LABEL) == self.name and labels.get(INSTANCE_LABEL) != self._instance:
                 self.log.info("Deleting lease %s left by an interrupted import", lease)
                 await self.client.delete_lease(lease, sync=True)
-
-    async def _verify_records(self) -> None:
-        redo: list[Path] = []
-        for path, rec in list(self.ctx.records.items()):
-            st = state_of(rec.data)
-            if st is None or rec.fingerprint is None or not path.exists() or rec.error:
-                continue
-            if not await self._intact(path, st):
-                redo.append(path)
-        if redo:
-            self.stats["reimports_triggered"] += len(redo)
-            self.log.warning(
-                "Images of %d file(s) are missing or changed in containerd; importing again: %s",
-                len(redo),
-                ", ".join(map(str, redo)),
-            )
-            self.ctx.trigger(redo)
 
     async def _intact(self, path: Path, st: FileImages) -> bool:
         ns = CRI_NAMESPACE if st.kind == "list" else None

@@ -12,7 +12,12 @@ from typing import Any
 
 from reloadd import JSONValue
 
-__all__ = ["FileImages", "state_of"]
+__all__ = ["PIN_LABEL", "SOURCE_LABEL", "FileImages", "state_of"]
+
+PIN_LABEL = "io.cri-containerd.pinned"
+"""The label that keeps kubelet's image GC off an image (containerd 1.6.22+/1.7.3+)."""
+SOURCE_LABEL = "reloadd.io/source"
+"""The file an image record was imported or pulled from."""
 
 
 @dataclass(frozen=True)

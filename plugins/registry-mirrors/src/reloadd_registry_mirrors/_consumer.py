@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import difflib
+import functools
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +24,14 @@ from reloadd import (
     Reject,
     ReloaddError,
     Result,
+    Source,
+    SourceContext,
     TransientError,
     atomic_write,
 )
 
 from ._containerd import check_config, shadowing
+from ._guard import HostsGuard
 from ._inputs import FOLLOW_INSIDE, FOLLOW_ROOT_OWNED, Inputs, Outcome, evaluate, read_snapshot
 from ._model import Diagnostic
 from ._notify import Notifier, NotifyError
@@ -48,12 +52,14 @@ class Settings:
         hosts_dir: Where hosts.toml directories are written (containerd's ``config_path`` root).
         containerd_config: containerd's config.toml to check at start-up (``None``: skip).
         notify: The action after each apply that changed something.
+        guard: Watch the hosts.toml files written and put back any deleted or rewritten (``hosts-guard``).
     """
 
     inputs: Inputs
     hosts_dir: Path
     containerd_config: Path | None
     notify: Notifier
+    guard: bool = True
 
     @classmethod
     def from_context(cls, ctx: ConsumerContext) -> Settings:
@@ -70,12 +76,14 @@ class Settings:
         max_size = opts.int("max_file_size", 1 << 20, minimum=1, maximum=MAX_FILE_SIZE)
         follow = opts.choice("follow_symlinks", (FOLLOW_INSIDE, FOLLOW_ROOT_OWNED), FOLLOW_INSIDE)
         notify = Notifier.from_options(opts.table("notify"), f"{where} notify")
+        guard = opts.bool("guard", True)
         opts.finish()
         return cls(
             Inputs(main, conf_d, yaml, tuple(Path(c) for c in certs), max_size, follow),
             hosts_dir,
             Path(containerd_config) if containerd_config else None,
             notify,
+            guard,
         )
 
 
@@ -118,6 +126,14 @@ class RegistryMirrorsConsumer(BaseConsumer):
         self._notified: str | None = None
         self._held: set[Path] = set()  # acknowledged while another input was broken
         self._kept: frozenset[str] = frozenset()  # hosts of gone inputs whose removal is held
+        self._expected: dict[str, tuple[bytes, Path]] = {}  # host -> (bytes written, declaring input): the guard's
+
+    def sources(self) -> Sequence[Callable[[SourceContext], Source]]:
+        """The ``hosts-guard`` source: a hosts.toml reloadd wrote that is deleted or rewritten is put back."""
+        if not self.settings.guard:
+            return ()
+        return (functools.partial(HostsGuard, consumer=self.name, hosts_dir=self.settings.hosts_dir,
+                                  expected=lambda: self._expected),)
 
     def removal_size(self, record: PathRecord) -> int:
         """The hosts.toml files an input's removal would delete (the hosts it declared)."""
@@ -176,12 +192,16 @@ class RegistryMirrorsConsumer(BaseConsumer):
             self.log.warning("Keeping hosts.toml of %s: the inputs that declared them are gone, and their removal is "
                              "held (prune safety)", ", ".join(sorted(kept - rendered.files.keys())))
         self._kept = kept
+        # What the guard compares with, set before the files are written: reloadd's own writes are not drift.
+        self._expected = {name: (text.encode(), rendered.origins[name]) for name, text in rendered.files.items()
+                          if name in rendered.origins}
         try:
             result = await asyncio.to_thread(apply, hosts_dir, rendered.files, kept)
         except OSError as exc:
             self.stats["reload_failures"] += 1
             raise TransientError(f"cannot write under {hosts_dir}: {exc}") from exc
         applied = {name: text for name, text in rendered.files.items() if name not in result.invalid}
+        self._expected = {n: w for n, w in self._expected.items() if n in applied}  # refused: the old file stays
         if result.invalid:
             self.stats["reload_failures"] += 1
             outcome = _with_invalid_output(outcome, result.invalid)

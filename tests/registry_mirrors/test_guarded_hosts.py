@@ -1,0 +1,50 @@
+"""Guarded hosts.toml (#23): a hosts.toml reloadd wrote that is deleted or rewritten is put back, by itself.
+
+Real inotify on the hosts directory through the ``hosts-guard`` source; no SIGHUP, no change to any input.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.faults._daemon import until
+
+from .conftest import mirror_conf
+from .harness import HOST, running_reloader
+
+pytestmark = pytest.mark.timeout(90)
+
+DRIFTS = ("hosts-guard", "drifted")
+
+
+async def test_a_deleted_or_rewritten_hosts_toml_comes_back_and_our_own_writes_are_not_drift(tmp_path: Path) -> None:
+    async with running_reloader(tmp_path) as run:
+        drop = run.conf_d / "50-mirror.conf"
+        drop.write_text(mirror_conf(HOST, "127.0.0.1:5001"))
+        await run.wait_path(drop)
+        await run.reloader.wait_idle(15)
+        hosts_toml = run.hosts / HOST / "hosts.toml"
+        good = hosts_toml.read_bytes()
+        events = run.reloader.engine.stats.events
+        assert events[DRIFTS] == 0
+
+        hosts_toml.unlink()  # a clean-up script
+        await until(lambda: hosts_toml.exists() and hosts_toml.read_bytes() == good, what="the file put back")
+        assert events[DRIFTS] >= 1
+        assert any(b.reason.value == "drift" for b in run.batches_for(drop))
+
+        tmp = hosts_toml.with_name(".edit")
+        tmp.write_text('server = "https://registry.example.com"\n')  # configuration management's own version
+        os.replace(tmp, hosts_toml)
+        await until(lambda: hosts_toml.read_bytes() == good, what="the rewrite undone")
+        await run.reloader.wait_idle(15)
+
+        seen = events[DRIFTS]
+        drop.write_text(mirror_conf(HOST, "127.0.0.1:5002"))  # an ordinary edit: reloadd rewrites the file itself
+        await run.wait_path(drop, len(run.batches_for(drop)) + 1)
+        await run.settle()
+        assert run.mirrors() == ["http://127.0.0.1:5002"]
+        assert events[DRIFTS] == seen, "reloadd's own write was taken for drift"
