@@ -48,3 +48,10 @@ async def test_a_deleted_or_rewritten_hosts_toml_comes_back_and_our_own_writes_a
         await run.settle()
         assert run.mirrors() == ["http://127.0.0.1:5002"]
         assert events[DRIFTS] == seen, "reloadd's own write was taken for drift"
+
+        foreign = run.hosts / "other.example.com"
+        foreign.mkdir()
+        (foreign / "hosts.toml").write_text('server = "https://other.example.com"\n')  # another tool's host
+        (foreign / "hosts.toml").unlink()
+        await run.settle()
+        assert events[DRIFTS] == seen, "another tool's hosts.toml was taken for drift"

@@ -192,16 +192,19 @@ class RegistryMirrorsConsumer(BaseConsumer):
             self.log.warning("Keeping hosts.toml of %s: the inputs that declared them are gone, and their removal is "
                              "held (prune safety)", ", ".join(sorted(kept - rendered.files.keys())))
         self._kept = kept
+        # Hosts reloadd wrote last time and still declares: theirs to take back if something rewrote them.
+        reclaim = frozenset(self._expected) & rendered.files.keys() if self.settings.guard else frozenset()
         # What the guard compares with, set before the files are written: reloadd's own writes are not drift.
         self._expected = {name: (text.encode(), rendered.origins[name]) for name, text in rendered.files.items()
                           if name in rendered.origins}
         try:
-            result = await asyncio.to_thread(apply, hosts_dir, rendered.files, kept)
+            result = await asyncio.to_thread(apply, hosts_dir, rendered.files, kept, reclaim)
         except OSError as exc:
             self.stats["reload_failures"] += 1
             raise TransientError(f"cannot write under {hosts_dir}: {exc}") from exc
         applied = {name: text for name, text in rendered.files.items() if name not in result.invalid}
-        self._expected = {n: w for n, w in self._expected.items() if n in applied}  # refused: the old file stays
+        # Refused (invalid) or left alone (another tool's file): not reloadd's, neither guarded nor reclaimed.
+        self._expected = {n: w for n, w in self._expected.items() if n in applied and n not in result.skipped}
         if result.invalid:
             self.stats["reload_failures"] += 1
             outcome = _with_invalid_output(outcome, result.invalid)

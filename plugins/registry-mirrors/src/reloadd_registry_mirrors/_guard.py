@@ -23,7 +23,8 @@ from reloadd import EventKind, SourceContext, SourceEvent, TransientError
 __all__ = ["HostsGuard"]
 
 HOSTS_FILE = "hosts.toml"
-_DIR_MASK = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.CLOSE_WRITE | Mask.ONLYDIR
+# Complete writes (CLOSE_WRITE, MOVED_TO) and removals: a file still being created says nothing yet.
+_DIR_MASK = Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.CLOSE_WRITE | Mask.ONLYDIR
 _TOP_MASK = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.DELETE_SELF | Mask.MOVE_SELF
 
 
@@ -72,16 +73,18 @@ class HostsGuard:
                         self._check(host)
                     continue
                 if event.path.parent == self.hosts_dir:  # a host directory came, went or was replaced
-                    if event.mask & (Mask.CREATE | Mask.MOVED_TO) and event.mask & Mask.ISDIR:
+                    came = bool(event.mask & (Mask.CREATE | Mask.MOVED_TO))
+                    if came and event.mask & Mask.ISDIR:
                         try:
                             inotify.add_watch(event.path, _DIR_MASK)
                         except OSError:
                             pass  # gone again: checked below
-                    self._check(event.path.name)
+                    # A directory that just came may hold no file yet (reloadd makes one before writing into it).
+                    self._check(event.path.name, missing_ok=came)
                 elif event.path.name == HOSTS_FILE and event.path.parent.parent == self.hosts_dir:
                     self._check(event.path.parent.name)
 
-    def _check(self, host: str) -> None:
+    def _check(self, host: str, missing_ok: bool = False) -> None:
         want = self.expected().get(host)
         if want is None:
             return  # not a host reloadd declares (another tool's, or held by prune safety)
@@ -90,7 +93,7 @@ class HostsGuard:
             have: bytes | None = (self.hosts_dir / host / HOSTS_FILE).read_bytes()
         except OSError:
             have = None
-        if have == text:
+        if have == text or (have is None and missing_ok):
             return
         what = "deleted" if have is None else "rewritten by something else"
         self.log.warning("Mirror drift: %s was %s; handing %s to consumer %s again",

@@ -159,10 +159,13 @@ class Step:
     exists: bool = True
 
 
-def decide(root: Path, files: Mapping[str, str], keep: Collection[str] = ()) -> list[Step]:
+def decide(root: Path, files: Mapping[str, str], keep: Collection[str] = (), reclaim: Collection[str] = ()
+           ) -> list[Step]:
     """Decide, reading only, what making ``root`` hold exactly ``files`` takes (see :func:`apply`).
 
-    Directories named in ``keep`` are not removed even when ``files`` leaves them out.
+    Directories named in ``keep`` are not removed even when ``files`` leaves them out. Hosts named in
+    ``reclaim`` are reloadd's although their hosts.toml lost its header (reloadd wrote it, and something
+    rewrote it since: drift the guard saw), so they are written back.
 
     Raises:
         ValueError: a name that is not a valid host directory (never reached with rendered input).
@@ -185,7 +188,7 @@ def decide(root: Path, files: Mapping[str, str], keep: Collection[str] = ()) -> 
             steps.append(Step(name, "skip", f"{directory} exists and is not a directory"))
             continue
         current = _read_hosts_file(directory)
-        if current is not None and current.split(b"\n", 1)[0] != HEADER.encode():
+        if current is not None and current.split(b"\n", 1)[0] != HEADER.encode() and name not in reclaim:
             steps.append(Step(name, "skip", f"{directory / HOSTS_FILE} was not written by reloadd; left alone"))
         elif current is None and (directory / HOSTS_FILE).is_symlink():
             steps.append(Step(name, "skip", f"{directory / HOSTS_FILE} is a symlink; left alone"))
@@ -201,7 +204,8 @@ def decide(root: Path, files: Mapping[str, str], keep: Collection[str] = ()) -> 
     return steps
 
 
-def apply(hosts_dir: Path, files: Mapping[str, str], keep: Collection[str] = ()) -> ApplyResult:
+def apply(hosts_dir: Path, files: Mapping[str, str], keep: Collection[str] = (),
+          reclaim: Collection[str] = ()) -> ApplyResult:
     """Make ``hosts_dir`` hold exactly ``files`` among the directories reloadd owns.
 
     Args:
@@ -211,6 +215,8 @@ def apply(hosts_dir: Path, files: Mapping[str, str], keep: Collection[str] = ())
             previous hosts.toml is neither replaced nor removed.
         keep: Directories to leave in place although ``files`` does not name them (their
             input is gone while prune safety holds its removal).
+        reclaim: Hosts whose hosts.toml reloadd wrote and something else rewrote since: written back
+            although the header that marks reloadd's files is gone.
 
     Raises:
         ValueError: a name that is not a valid host directory (never reached with rendered input).
@@ -220,7 +226,7 @@ def apply(hosts_dir: Path, files: Mapping[str, str], keep: Collection[str] = ())
     result = ApplyResult()
     hosts_dir.mkdir(parents=True, exist_ok=True)
     root = hosts_dir.resolve()
-    for step in decide(root, files, keep):
+    for step in decide(root, files, keep, reclaim):
         directory = root / step.name
         if step.action == "invalid":
             result.invalid[step.name] = step.why
