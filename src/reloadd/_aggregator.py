@@ -111,9 +111,11 @@ class Aggregator:
         if not self._per_consumer[consumer]:
             return False
         limit = now - self.timing(consumer).max_delay
-        for key in reversed(self._pending):
+        for key in reversed(self._pending):  # newest first: stop at the first entry too old to count
+            if self._pending[key].first <= limit:
+                return False
             if key[0] == consumer:
-                return self._pending[key].first > limit
+                return True
         return False
 
     def overdue(self, consumer: str, now: float) -> list[tuple[str, Pending]]:

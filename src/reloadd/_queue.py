@@ -23,6 +23,8 @@ import tenacity
 from ._consumer import Consumer
 from ._errors import ConsumerError, PermanentError, StateError
 from ._filters import PathFilter
+from ._holds import HeldRemovals
+from ._item import Item
 from ._prune import PruneGuard
 from ._state import RecordStore
 from ._types import Ack, Batch, Change, ChangeKind, Fingerprint, Hold, PathRecord, Reason, Reject, Result, Retry
@@ -30,37 +32,6 @@ from ._types import Ack, Batch, Change, ChangeKind, Fingerprint, Hold, PathRecor
 __all__ = ["Item", "Needed", "QueueCounts", "QueueStats", "WorkQueue", "change_kind", "needed"]
 
 log = logging.getLogger("reloadd.queue")
-
-
-@dataclass(slots=True)
-class Item:
-    """A settled path waiting for (or retrying) delivery.
-
-    ``key`` is the path as a string, the queue's and the records' key. The ``Path``
-    handed to the consumer is built when its batch is formed: 100,000 queued paths
-    hold 100,000 strings, not 100,000 ``Path`` objects.
-    """
-
-    key: str
-    root: Path | None
-    fingerprint: Fingerprint | None
-    digest: str | None
-    forced: bool
-    reason: Reason
-    since: float = 0.0
-    attempts: int = 0
-    not_before: float = 0.0
-    last_error: str | None = None
-    deferred: str | None = None
-    group: str | None = None
-    checked: bool = False  # found needed when queued, with no batch of its path running: not asked again
-    hold: str | None = None  # the engine judged this removal's input lost: held, not queued (why)
-    confirmed: bool = False  # a person confirmed this held removal
-
-    @property
-    def path(self) -> Path:
-        """The path as a ``Path`` (built on each call)."""
-        return Path(self.key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,9 +170,7 @@ class WorkQueue:
         self.guard = guard if guard is not None else PruneGuard(
             PathFilter(roots=()), records.by_str, lambda key: False, None)
         """Held removals: persisted, listed in status, run only when confirmed."""
-        self._held: dict[str, Item] = {}  # held this run (the guard also lists holds of earlier runs)
-        self._announce: dict[str, list[str]] = {}  # new holds not yet logged, by why
-        self._background: set[asyncio.Task[None]] = set()
+        self._held = HeldRemovals(consumer, self.guard, self._recs, self._persist_soon, on_change)
         self._persist_pending = False
 
     # Inspection ------------------------------------------------------------------
@@ -284,7 +253,7 @@ class WorkQueue:
             "oldest_pending_age": round(self.oldest_age(), 3),
             "waiting_for": list(self.waiting_for),
             "held_groups": sorted(self._group_label(g) for g in self._held_groups),
-            "prune_held": self.held_removals(),
+            "prune_held": self._held.listing(),
             "prune_held_unit": str(getattr(self.consumer, "removal_unit", "files")),
             "batches": self.stats.batches,
             "last_success": self.stats.last_success,
@@ -297,8 +266,10 @@ class WorkQueue:
         A removal the engine judged held (``item.hold``) waits outside the queue. A held path
         found again ends its hold: unchanged, nothing is handed over; changed, it goes as usual.
         """
-        if item.hold is not None or item.key in self._held or item.key in self.guard.held:
-            if self._held_again(item):
+        if self._held.concerns(item):
+            if item.hold is not None:
+                self._items.pop(item.key, None)  # a removal held: out of the work
+            if self._held.absorb(item):
                 return
         old = self._items.get(item.key)
         if old is not None:
@@ -318,112 +289,29 @@ class WorkQueue:
         self._wakeup.set()
         self._on_change()
 
-    def _held_again(self, item: Item) -> bool:
-        """Whether ``item`` is taken up by the held state (else it goes through the ordinary rules)."""
-        key = item.key
-        if item.hold is not None:
-            if self._recs.get(key) is None:
-                return True  # never acknowledged: nothing to remove, nothing to hold
-            self._hold(item, item.hold)
-            return True
-        held = self._held.get(key)
-        if held is not None and held.fingerprint == item.fingerprint and not item.forced:
-            return True  # found again as it was held (a consumer's own Hold of this content)
-        self._held.pop(key, None)
-        if self.guard.release(key):
-            log.info("Released the held removal of %s in consumer %s: the path is back", key, self.consumer.name)
-            self._persist_soon()
-            self._on_change()
-        return False
-
-    def _hold(self, item: Item, why: str) -> None:
-        self._items.pop(item.key, None)
-        item.hold = why
-        item.confirmed = False
-        item.checked = False
-        item.attempts = 0
-        item.last_error = item.deferred = None
-        item.not_before = 0.0
-        self._held[item.key] = item
-        _, new = self.guard.hold(item.key, why)
-        if new:
-            if not self._announce:
-                asyncio.get_running_loop().call_soon(self._announce_holds)
-            self._announce.setdefault(why, []).append(item.key)
-        self._persist_soon()
-        self._on_change()
-
-    def _announce_holds(self) -> None:
-        """One WARNING per reason for the holds of one turn of the loop, and the consumer's hook."""
-        announce, self._announce = self._announce, {}
-        hook = getattr(self.consumer, "removals_held", None)
-        for why, keys in announce.items():
-            shown = ", ".join(sorted(keys)[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-            log.warning(
-                "Holding the removal of %d path(s) of consumer %s: %s (%s); nothing is removed until they "
-                "come back or `reloadd reload --confirm-prune` is run", len(keys), self.consumer.name, why, shown,
-            )
-            if callable(hook):
-                self._spawn(self._call_hook(hook, [Path(k) for k in sorted(keys)], why))
-
-    async def _call_hook(self, hook: Callable[..., Any], paths: list[Path], why: str) -> None:
-        try:
-            await hook(paths, why)
-        except Exception as exc:  # a report that failed must not stop the queue
-            log.warning("Failed to report held removals of consumer %s: %s", self.consumer.name, exc)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     def _persist_soon(self) -> None:
         """Write the held removals soon: one flush for every hold made in this turn of the loop."""
         if self.records.persistent and not self._persist_pending:
             self._persist_pending = True
-            self._spawn(self._persist())
+            self._held.spawn(self._persist())
 
     async def _persist(self) -> None:
         self._persist_pending = False  # a hold made while this flush runs schedules another
         await self.flush()
 
     def confirm_prune(self) -> int:
-        """A person confirmed: hand every held removal over, flagged ``prune_confirmed``; returns how many.
-
-        Holds persisted by an earlier run whose deletion was not handed over again yet are
-        confirmed too: they run as soon as it is.
-        """
-        keys = self.guard.confirm()
-        for key in keys:
-            item = self._held.pop(key, None)
-            if item is None or key in self._items:
-                continue  # handed over when the engine finds it gone again; or a newer change goes instead
-            item.hold = None
-            item.confirmed = True
-            item.since = self._clock()
-            self._items[key] = item
-        if keys:
-            log.warning("Running %d held removal(s) of consumer %s: confirmed by an operator",
-                        len(keys), self.consumer.name)
-            self._persist_soon()
+        """A person confirmed: hand every held removal over, flagged ``prune_confirmed``; returns how many."""
+        n, again = self._held.confirm(self._clock())
+        for item in again:
+            self._items.setdefault(item.key, item)  # a newer change of the path goes instead
+        if n:
             self._wakeup.set()
             self._on_change()
-        return len(keys)
+        return n
 
     def held_removals(self) -> list[dict[str, Any]]:
         """The held removals, each with its path, why, since (wall clock) and size (what it would remove)."""
-        size = getattr(self.consumer, "removal_size", None)
-        out = []
-        for key, h in sorted(self.guard.held.items()):
-            n = 1
-            rec = self._recs.get(key)
-            if callable(size) and rec is not None:
-                try:
-                    n = int(size(rec))
-                except Exception:  # a plugin's count must not break status
-                    n = 1
-            out.append({"path": key, "why": h.why, "since": round(h.since, 3), "size": n})
-        return out
+        return self._held.listing()
 
     def _needed(self, item: Item) -> bool:
         rec = self._recs.get(item.key)
@@ -679,7 +567,8 @@ class WorkQueue:
                 self.records.put(path, PathRecord(item.fingerprint, item.digest, data, result.error))
         elif isinstance(result, Hold):
             if path not in self._items and path not in self._held:  # else a newer change goes instead
-                self._hold(item, result.why)
+                self._held.hold(item, result.why)
+                self._on_change()
         elif isinstance(result, Retry):
             self.stats.retried += 1
             if path in self._items or path in self._held:
@@ -733,9 +622,9 @@ class WorkQueue:
     async def drain(self, grace: float) -> None:
         """Stop dispatching; let in-flight batches finish within ``grace`` seconds, cancel the rest."""
         self._accepting = False
-        for task in list(self._background):
+        for task in list(self._held.background):
             task.cancel()  # hold reports and early flushes: the final flush below writes what they would have
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.gather(*self._held.background, return_exceptions=True)
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
             for task in pending:

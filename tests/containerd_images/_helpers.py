@@ -28,7 +28,8 @@ class Harness:
         self.ctx = ConsumerContext(
             name="images",
             paths=(root,),
-            options={"address": ctd.address, **options},
+            # No engine here to run the consumer's far-side source: its start-up check is what runs.
+            options={"address": ctd.address, "watch_events": False, **options},
             state_dir=state,
             records=self.records,
             trigger=lambda paths: self.triggered.extend(paths or []),
