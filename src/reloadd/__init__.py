@@ -8,6 +8,7 @@ server (aiohttp) and the metrics stack, which a plugin importing ``reloadd`` for
 import importlib as _importlib
 import typing as _typing
 
+from ._backoff import Backoff
 from ._command import CommandError, CommandResult, run_command
 from ._config import Config, ConsumerConfig, load_config, parse_config
 from ._consumer import (
@@ -80,6 +81,7 @@ def __getattr__(name: str) -> _typing.Any:
 __all__ = [
     "DEFAULT_IGNORES",
     "Ack",
+    "Backoff",
     "BaseConsumer",
     "Batch",
     "Change",

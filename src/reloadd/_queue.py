@@ -18,8 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import tenacity
-
+from ._backoff import Backoff
 from ._consumer import Consumer
 from ._errors import ConsumerError, PermanentError, StateError
 from ._filters import PathFilter
@@ -93,17 +92,6 @@ def change_kind(rec: PathRecord | None, fingerprint: Fingerprint | None) -> Chan
     return ChangeKind.ADDED if rec is None else ChangeKind.MODIFIED
 
 
-def _backoff(initial: float, maximum: float) -> Callable[[int], float]:
-    wait = tenacity.wait_exponential_jitter(initial=initial, max=maximum, jitter=initial)
-
-    def delay(attempt: int) -> float:
-        state = tenacity.RetryCallState(retry_object=tenacity.AsyncRetrying(), fn=None, args=(), kwargs={})
-        state.attempt_number = attempt
-        return float(wait(state))
-
-    return delay
-
-
 class WorkQueue:
     """Deliver settled paths to one consumer.
 
@@ -149,7 +137,7 @@ class WorkQueue:
         self._recs = records.by_str
         self.concurrency = max(1, concurrency)
         self.max_batch = max_batch
-        self._delay = _backoff(backoff_initial, backoff_max)
+        self._delay = Backoff(backoff_initial, backoff_max).delay
         self._backoff_max = backoff_max
         self._on_change = on_change
         self._clock = clock

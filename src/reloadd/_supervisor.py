@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import tenacity
 
+from ._backoff import Backoff
 from ._errors import WatchLimitError
 
 __all__ = ["Runnable", "supervise"]
@@ -22,6 +23,7 @@ log = logging.getLogger("reloadd")
 LIMIT_RETRY = 60.0
 """Seconds between rebuilds while the watch limit is hit."""
 MAX_BACKOFF = 30.0
+_BACKOFF = Backoff(0.1, MAX_BACKOFF, jitter=False)  # 0.1 s doubled: a source rebuilt at once, then calmer
 
 
 class Runnable(Protocol):
@@ -53,7 +55,7 @@ async def supervise(
         exc = rs.outcome.exception() if rs.outcome else None
         if isinstance(exc, WatchLimitError):
             return LIMIT_RETRY  # persistent: do not spin, rescans cover the gap
-        return float(min(MAX_BACKOFF, 0.1 * 2 ** (rs.attempt_number - 1)))
+        return _BACKOFF.delay(rs.attempt_number)
 
     def before_sleep(rs: tenacity.RetryCallState) -> None:
         nonlocal limited

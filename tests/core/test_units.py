@@ -255,3 +255,16 @@ def test_only_local_file_systems_are_taken_on_trust():
     ])
     assert local_devices(text) == {os.makedev(8, 1), os.makedev(0, 42), os.makedev(0, 44)}
     assert os.stat("/dev/shm").st_dev in local_devices()  # the real table, read by default
+
+
+def test_one_backoff_doubles_caps_and_jitters_within_initial() -> None:
+    from reloadd import Backoff
+
+    plain = Backoff(0.1, 1.0, jitter=False)
+    assert [plain.delay(n) for n in range(1, 7)] == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
+    assert plain.delay(0) == pytest.approx(0.1)  # "before the first retry" is the first delay
+    jittered = Backoff(0.2, 30.0)
+    for n, base in ((1, 0.2), (3, 0.8)):
+        samples = [jittered.delay(n) for _ in range(200)]
+        assert all(base <= d <= base + 0.2 for d in samples) and len(set(samples)) > 1
+    assert max(Backoff(0.2, 1.0).delay(10) for _ in range(50)) <= 1.0  # the cap holds with jitter

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from reloadd import (
     Ack,
+    Backoff,
     BaseConsumer,
     Batch,
     Change,
@@ -370,7 +371,7 @@ class ContainerdImagesConsumer(BaseConsumer):
     # -- start-up check ------------------------------------------------------------------------
     async def _check_records(self) -> None:
         """Wait for containerd, then re-pin or re-import what recorded files produced."""
-        delay = 0.5
+        backoff, attempt = Backoff(0.5, 30.0), 0
         while True:
             try:
                 await self.client.version()
@@ -383,8 +384,8 @@ class ContainerdImagesConsumer(BaseConsumer):
                 return
             except TransientError as exc:
                 self.log.warning("Failed to check recorded images (will retry): %s", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                attempt += 1
+                await asyncio.sleep(backoff.delay(attempt))
 
     async def _delete_own_leases(self) -> None:
         """Delete leases an earlier run of this consumer left behind (crash mid-import)."""

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from reloadd import ConsumerError
+from reloadd import Backoff, ConsumerError
 
 from ._client import ContainerdClient
 from ._errors import BadImageFile, map_grpc_error
@@ -101,7 +101,7 @@ async def write_blob(
         BadImageFile: containerd refused the data (e.g. digest or size mismatch).
         ContainerdUnavailable: containerd went away.
     """
-    delay = 0.02
+    backoff = Backoff(0.02, 1.0, jitter=False)  # another writer holds the ref's lock: it is about to finish
     for attempt in range(LOCK_RETRIES + 1):
         state: dict[str, Any] = {"begun": False, "sent": 0}
         try:
@@ -118,8 +118,7 @@ async def write_blob(
                 and attempt < LOCK_RETRIES
                 and "locked" in (exc.message or "")
             ):
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                await asyncio.sleep(backoff.delay(attempt + 1))
                 continue
             if exc.status in (Status.FAILED_PRECONDITION, Status.INVALID_ARGUMENT, Status.OUT_OF_RANGE):
                 raise BadImageFile(f"containerd refused blob {expected or ref}: {exc.message}") from exc

@@ -17,12 +17,15 @@ so deleting "everything not in the file" could delete objects the user still wan
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from reloadd import Backoff
 
 from ._applyset import LABEL_PART_OF, ObjRef, ParentState, applyset_id, parent_body, parent_name, read_parent
 from ._claims import Claims
@@ -164,25 +167,25 @@ class Applier:
     async def _wait_served(self, plan: _Planned) -> Resource | None:
         """Resolve a kind a CRD of this file provides, rediscovering until served or timed out."""
         deadline = time.monotonic() + self.settings.crd_timeout
-        delay = 0.05
-        while True:
+        backoff = Backoff(0.05, 0.5, jitter=False)
+        for attempt in itertools.count(1):
             self.discovery.invalidate(plan.ref.group)
             res = await self.discovery.resolve(plan.obj.api_version, plan.obj.kind)
             if res is not None or time.monotonic() >= deadline:
                 return res
-            await self._sleep(delay)
-            delay = min(delay * 2, 0.5)
+            await self._sleep(backoff.delay(attempt))
+        return None  # pragma: no cover - the loop only returns
 
     async def _wait_established(self, name: str) -> bool:
         deadline = time.monotonic() + self.settings.crd_timeout
-        delay = 0.02
-        while True:
+        backoff = Backoff(0.02, 0.5, jitter=False)
+        for attempt in itertools.count(1):
             if _established(await self.client.get(_CRD_PATH + name)):
                 return True
             if time.monotonic() >= deadline:
                 return False
-            await self._sleep(delay)
-            delay = min(delay * 2, 0.5)
+            await self._sleep(backoff.delay(attempt))
+        return False  # pragma: no cover - the loop only returns
 
     async def _apply_one(
         self, plan: _Planned, set_id: str, out: FileOutcome, established: set[str] | None = None

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
-import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -33,7 +32,7 @@ from typing import Any
 
 import aiohttp
 
-from reloadd import PermanentError, TransientError
+from reloadd import Backoff, PermanentError, TransientError
 
 from ._kubeconfig import ClusterConfig
 
@@ -179,6 +178,7 @@ class KubeClient:
         self.drop_limit = drop_limit
         self.backoff = backoff
         self.max_delay = max_delay
+        self._backoff = Backoff(backoff, max_delay)
         self.timeout = aiohttp.ClientTimeout(total=timeout)
         self._sleep = sleep
         self._session: aiohttp.ClientSession | None = None
@@ -277,7 +277,7 @@ class KubeClient:
             if attempt >= limit:
                 raise ApiUnavailable(f"{method} {path}: {last} (gave up after {attempt} attempts)", last, delay)
             if delay is None:
-                delay = self.backoff * 2 ** (attempt - 1) * (0.5 + random.random())
+                delay = self._backoff.delay(attempt)
             self.stats["retries"] += 1
             await self._sleep(min(delay, self.max_delay))
 
