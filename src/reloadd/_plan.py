@@ -25,10 +25,11 @@ from ._consumer import Consumer, Planner
 from ._engine import _diff, _View
 from ._errors import PlanUnsupportedError, ReloaddError
 from ._filters import PathFilter
+from ._prune import PruneGuard
 from ._queue import Needed, change_kind, needed
 from ._scan import DigestCache, probe
 from ._state import RecordStore
-from ._types import Batch, Change, JSONValue, PlannedChange, Reason
+from ._types import Batch, Change, ChangeKind, JSONValue, PlannedChange, Reason
 
 __all__ = ["ConsumerPlan", "PlanReport", "pending_changes", "plan"]
 
@@ -57,8 +58,8 @@ class ConsumerPlan:
 
     @property
     def changed(self) -> bool:
-        """Whether the consumer said it would change something."""
-        return any(not c.is_invalid for cs in self.changes.values() for c in cs)
+        """Whether the consumer said it would change something (a refused input or a held removal is no change)."""
+        return any(not c.is_invalid and not c.is_held for cs in self.changes.values() for c in cs)
 
     @property
     def invalid(self) -> list[tuple[str, str]]:
@@ -98,10 +99,11 @@ class ConsumerPlan:
         if self.unsupported is not None:
             lines = [head + f"cannot plan: {self.unsupported}"]
             lines += [f"  would hand over: {c.kind.value} {c.path}" for c in self.pending]
+            lines += [f"  {c.line}" for cs in self.changes.values() for c in cs if c.is_held]
             return lines
-        if not self.changed and not self.invalid:
+        if not self.changed and not self.invalid and not any(self.changes.values()):
             return [head + "nothing to change"]
-        n = sum(1 for cs in self.changes.values() for c in cs if not c.is_invalid)
+        n = sum(1 for cs in self.changes.values() for c in cs if not c.is_invalid and not c.is_held)
         lines = [head + f"{n} change(s)" + (f", {len(self.invalid)} invalid input(s)" if self.invalid else "")]
         for path, cs in sorted(self.changes.items()):
             if not cs:
@@ -189,18 +191,33 @@ async def plan(config: Config) -> PlanReport:
 async def _plan_one(config: Config, cc: ConsumerConfig, scratch: Path) -> ConsumerPlan:
     base = ConsumerPlan(cc.name, cc.plugin)
     records = RecordStore(config.state_dir / "consumers" / cc.name if config.state_dir is not None else None)
+    guards: list[PruneGuard] = []  # bound once the consumer (its filter) exists
+
+    def removal_held(path: Path) -> str | None:
+        return guards[0].removal_held(path) if guards else None
+
     try:
         await asyncio.to_thread(records.load, read_only=True)
-        consumer = build_consumer(cc, records, _private_dir(records, scratch / cc.name), config.source)
+        consumer = build_consumer(cc, records, _private_dir(records, scratch / cc.name), config.source,
+                                  removal_held=removal_held)
     except ReloaddError as exc:
         return _failed(base, str(exc))
     try:
-        pending = await asyncio.to_thread(pending_changes, consumer, path_filter(consumer, cc), records)
-        base = ConsumerPlan(cc.name, cc.plugin, pending)
+        filt = path_filter(consumer, cc)
+        guard = PruneGuard(filt, records.by_str, lambda key: filt.matches(key) and _accepts(consumer, Path(key)),
+                           records.directory)
+        await asyncio.to_thread(guard.load)  # reads prune.json, writes nothing
+        guards.append(guard)
+        pending = await asyncio.to_thread(pending_changes, consumer, filt, records)
+        # Removals prune safety would hold are not planned as removals: they are listed as held.
+        held = await asyncio.to_thread(guard.check, [str(c.path) for c in pending if c.kind is ChangeKind.DELETED])
+        kept = tuple(c for c in pending if str(c.path) not in held)
+        holds = {Path(k): (PlannedChange.held(k, why),) for k, why in held.items()}
+        base = ConsumerPlan(cc.name, cc.plugin, kept, holds)
         if not isinstance(consumer, Planner):
             return _unsupported(base, f"{type(consumer).__name__} has no plan()")
         try:
-            result = await consumer.plan(Batch(cc.name, Reason.STARTUP, pending))
+            result = await consumer.plan(Batch(cc.name, Reason.STARTUP, kept))
         except PlanUnsupportedError as exc:
             return _unsupported(base, str(exc))
         except ReloaddError as exc:
@@ -208,7 +225,7 @@ async def _plan_one(config: Config, cc: ConsumerConfig, scratch: Path) -> Consum
         except Exception as exc:
             log.error("Failed to plan consumer %s: %s", cc.name, exc, exc_info=exc)
             return _failed(base, f"{type(exc).__name__}: {exc}")
-        return ConsumerPlan(cc.name, cc.plugin, pending, {Path(p): tuple(cs) for p, cs in result.items()})
+        return ConsumerPlan(cc.name, cc.plugin, kept, {**{Path(p): tuple(cs) for p, cs in result.items()}, **holds})
     finally:
         try:
             await consumer.close()
@@ -229,4 +246,4 @@ def _failed(base: ConsumerPlan, error: str) -> ConsumerPlan:
 
 
 def _unsupported(base: ConsumerPlan, why: str) -> ConsumerPlan:
-    return ConsumerPlan(base.name, base.plugin, base.pending, unsupported=why)
+    return ConsumerPlan(base.name, base.plugin, base.pending, base.changes, unsupported=why)

@@ -245,11 +245,22 @@ class PlannedChange:
     detail: JSONValue = None
 
     INVALID: ClassVar[str] = "invalid"
+    HELD: ClassVar[str] = "held"
 
     @classmethod
     def invalid(cls, path: Path | str, error: str) -> PlannedChange:
         """``path`` is an input the next pass would refuse, for ``error`` (the plan fails: exit 1)."""
         return cls(cls.INVALID, str(path), detail={"error": error})
+
+    @classmethod
+    def held(cls, path: Path | str, why: str) -> PlannedChange:
+        """The removal of what ``path`` declared would be held by prune safety, for ``why`` (no change)."""
+        return cls(cls.HELD, str(path), detail={"why": why})
+
+    @property
+    def is_held(self) -> bool:
+        """Whether this entry reports a removal prune safety holds rather than a change."""
+        return self.action == self.HELD
 
     @property
     def is_invalid(self) -> bool:
@@ -261,6 +272,9 @@ class PlannedChange:
         """The human one-liner, ``"<action> <target>"`` (``invalid <file>: <error>`` for a refused input)."""
         if self.is_invalid and isinstance(self.detail, dict):
             return f"INVALID {self.target}: {self.detail.get('error')}"
+        if self.is_held and isinstance(self.detail, dict):
+            return (f"HELD {self.target}: {self.detail.get('why')} (prune safety; `reloadd reload --confirm-prune` "
+                    "runs it)")
         return f"{self.action} {self.target}"
 
     def to_json(self) -> dict[str, JSONValue]:

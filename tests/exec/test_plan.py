@@ -133,3 +133,21 @@ async def test_plan_beside_a_running_daemon(tmp_path: Path) -> None:
         rc, doc, err = await run_plan(config)  # may race the daemon: b.conf is pending or already handled
         assert rc == 0, err
         assert pending(doc, "hook") <= {(str(watched / "b.conf"), "added")}
+
+
+async def test_a_plan_lists_held_removals_instead_of_handing_them_over(tmp_path: Path) -> None:
+    watched = tmp_path / "w"
+    watched.mkdir()
+    for name in ("a.conf", "b.conf"):
+        (watched / name).write_text(f"{name}\n")
+    config = write_config(tmp_path, {"name": "hook", "plugin": "exec", "paths": [str(watched)],
+                                     "options": {"command": ["true"]}})
+    await real_pass(config)
+    for name in ("a.conf", "b.conf"):
+        (watched / name).unlink()  # emptied at once: prune safety holds both
+    rc, doc, err = await run_plan(config)
+    assert rc == 0, err
+    assert pending(doc, "hook") == set()
+    rc, text = await run_text_plan(config)
+    assert f"HELD {watched / 'a.conf'}: every file under root {watched} went at once" in text
+    assert "would hand over: deleted" not in text

@@ -89,3 +89,22 @@ async def test_a_broken_input_fails_the_plan_naming_it_as_the_pass_writes_nothin
     before = tree(hosts, "hosts.toml")
     await real_pass(config)
     assert tree(hosts, "hosts.toml") == before, "the pass wrote something after all"
+
+
+async def test_a_lost_drop_in_folder_plans_held_removals_not_removals(tmp_path: Path) -> None:
+    config, conf_d, hosts = _setup(tmp_path)
+    (conf_d / "10-a.conf").write_text(mirror_conf("a.example.com", "127.0.0.1:5001"))
+    (conf_d / "20-b.conf").write_text(mirror_conf("b.example.com", "127.0.0.1:5002"))
+    await _plan_then_pass(config, hosts)
+    conf_d.rename(tmp_path / "away")  # an unmounted volume: the next pass holds, so the plan must not say "remove"
+    rc, doc, err = await run_plan(config)
+    assert rc == 0, err
+    mirrors = consumer_doc(doc, "mirrors")
+    assert mirrors["status"] == "unchanged"
+    assert {(p, c["action"]) for p, cs in mirrors["changes"].items() for c in cs} == {
+        (str(conf_d / "10-a.conf"), "held"), (str(conf_d / "20-b.conf"), "held")}
+    rc, text = await run_text_plan(config)
+    assert rc == 0 and f"HELD {conf_d / '10-a.conf'}: root {conf_d} disappeared" in text and "remove" not in text
+    before = tree(hosts, "hosts.toml")
+    await real_pass(config)
+    assert tree(hosts, "hosts.toml") == before, "the pass removed what the plan said it would hold"

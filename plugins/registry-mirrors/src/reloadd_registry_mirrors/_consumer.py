@@ -269,7 +269,8 @@ class RegistryMirrorsConsumer(BaseConsumer):
             return {path: [PlannedChange.invalid(path, f"{'; '.join(map(str, diags))}; the next pass would write "
                                                        "nothing")] for path, diags in outcome.errors.items()}
         hosts_dir = self.settings.hosts_dir
-        steps = await asyncio.to_thread(decide, hosts_dir.resolve(), outcome.rendered.files)
+        kept = await asyncio.to_thread(self._kept_hosts)  # as the pass: hosts of held drop-ins stay
+        steps = await asyncio.to_thread(decide, hosts_dir.resolve(), outcome.rendered.files, kept)
         return {
             hosts_dir / step.name / HOSTS_FILE: [_planned(hosts_dir / step.name / HOSTS_FILE, step)]
             for step in steps
