@@ -24,7 +24,8 @@ from ._state import RecordStore
 from ._types import PathRecord
 
 __all__ = [
-    "PrivateDirs", "RemovalHeld", "Trigger", "bind", "build_consumer", "embedded_config", "path_filter", "records_for",
+    "PrivateDirs", "RemovalHeld", "Trigger", "bind", "build_consumer", "embedded_config", "owner_test", "path_filter",
+    "records_for",
 ]
 
 Trigger = Callable[[Iterable[Path] | None], None]
@@ -131,6 +132,23 @@ def path_filter(consumer: Consumer, cc: ConsumerConfig) -> PathFilter:
         ignore_defaults=cc.ignore_defaults,
         recursive=cc.recursive,
     )
+
+
+def owner_test(consumer: Consumer, filt: PathFilter) -> Callable[[str], bool]:
+    """Whether a path string is the consumer's business: its filter, then ``accepts`` (raising counts as no).
+
+    Safe from a worker thread (prune safety judges there): nothing is memoised, unlike the engine's
+    ``Slot.owns``, whose memo only the event loop writes.
+    """
+    def owned(key: str) -> bool:
+        if not filt.matches(key):
+            return False
+        try:
+            return bool(consumer.accepts(Path(key)))
+        except Exception:  # the engine logs a failing accepts(); here it only means "not a file of ours"
+            return False
+
+    return owned
 
 
 def embedded_config(consumer: Consumer) -> ConsumerConfig:

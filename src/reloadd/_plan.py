@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._aggregator import Aggregator
-from ._building import build_consumer, path_filter
+from ._building import build_consumer, owner_test, path_filter
 from ._config import Config, ConsumerConfig
 from ._consumer import Consumer, Planner
 from ._engine import _diff, _View
@@ -204,8 +204,7 @@ async def _plan_one(config: Config, cc: ConsumerConfig, scratch: Path) -> Consum
         return _failed(base, str(exc))
     try:
         filt = path_filter(consumer, cc)
-        guard = PruneGuard(filt, records.by_str, lambda key: filt.matches(key) and _accepts(consumer, Path(key)),
-                           records.directory)
+        guard = PruneGuard(filt, records.by_str, owner_test(consumer, filt), records.directory)
         await asyncio.to_thread(guard.load)  # reads prune.json, writes nothing
         guards.append(guard)
         pending = await asyncio.to_thread(pending_changes, consumer, filt, records)

@@ -28,6 +28,7 @@ from ._building import (
     bind,
     build_consumer,
     embedded_config,
+    owner_test,
     path_filter,
     records_for,
 )
@@ -140,14 +141,6 @@ class Reloader:
     def _slot(self, consumer: Consumer, records: RecordStore, cc: ConsumerConfig) -> Slot:
         filt = path_filter(consumer, cc)
 
-        def owned(key: str) -> bool:
-            if not filt.matches(key):
-                return False
-            try:
-                return bool(consumer.accepts(Path(key)))
-            except Exception:  # the engine logs a failing accepts(); here it only means "not a file of ours"
-                return False
-
         custom = getattr(consumer, "group", None)
         group_of = custom if callable(custom) else group_matcher(cc.group, filt.roots)
         name = consumer.name
@@ -158,7 +151,7 @@ class Reloader:
             group_of=group_of,
             group_settling=self._group_settling(name, group_of) if group_of is not None else lambda g: False,
             group_label=lambda g: self._group_label(name, g),
-            guard=PruneGuard(filt, records.by_str, owned, records.directory),
+            guard=PruneGuard(filt, records.by_str, owner_test(consumer, filt), records.directory),
         )
         return Slot(consumer, filt, records, queue)
 

@@ -121,30 +121,21 @@ class Snapshot:
     def totals(self) -> ConsumerSnapshot:
         """Every consumer's counts added up (for one-line summaries)."""
         return ConsumerSnapshot(
-            "*", "*", pending=_sum(c.pending for c in self.consumers), failing=_sum(c.failing for c in self.consumers),
-            rejected=_sum(c.rejected for c in self.consumers),
-            prune_held_paths=_sum(c.prune_held_paths for c in self.consumers),
-            held_paths=_sum(c.held_paths for c in self.consumers),
+            "*", "*", pending=sum(c.pending for c in self.consumers), failing=sum(c.failing for c in self.consumers),
+            rejected=sum(c.rejected for c in self.consumers),
+            prune_held_paths=sum(c.prune_held_paths for c in self.consumers),
+            held_paths=sum(c.held_paths for c in self.consumers),
         )
 
     def status(self) -> dict[str, Any]:
-        """The status document (``reloadd status --json``, ``Reloader.status()``); ``detail`` fills the lists."""
+        """The status document (`reloadd status --json`, `Reloader.status()`) of a snapshot taken with detail."""
         ready, problems = self.readiness()
         return {
             "watch": str(self.watch),
             "ready": ready,
             "ready_problems": problems,
-            "consumers": {c.name: dict(c.detail) if c.detail is not None else _counts(c) for c in self.consumers},
+            "consumers": {c.name: dict(c.detail or {}) for c in self.consumers},
         }
-
-
-def _sum(values: Iterable[int]) -> int:
-    return sum(values)
-
-
-def _counts(c: ConsumerSnapshot) -> dict[str, Any]:
-    return {"plugin": c.plugin, "roots": list(c.roots), "records": c.records, "settling": c.settling,
-            "pending_count": c.pending, "in_flight_count": c.in_flight, "failing_count": c.failing}
 
 
 class Pipeline(Protocol):

@@ -20,9 +20,10 @@ from asyncinotify import Inotify, Mask
 
 from reloadd import EventKind, SourceContext, SourceEvent, TransientError
 
+from ._write import HOSTS_FILE
+
 __all__ = ["HostsGuard"]
 
-HOSTS_FILE = "hosts.toml"
 # Complete writes (CLOSE_WRITE, MOVED_TO) and removals: a file still being created says nothing yet.
 _DIR_MASK = Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.CLOSE_WRITE | Mask.ONLYDIR
 _TOP_MASK = Mask.CREATE | Mask.DELETE | Mask.MOVED_FROM | Mask.MOVED_TO | Mask.DELETE_SELF | Mask.MOVE_SELF
