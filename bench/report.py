@@ -25,6 +25,7 @@ The machines are shared and noisy (2 cores), so every figure that compares reloa
 | containerd-images | `python -m bench.containerd_images` | each containerd release's own `ctr images import` |
 | kube-manifests | `python -m bench.kube_manifests` | `kubectl apply --server-side` v1.20.2 (Debian's) |
 | registry-mirrors | `python -m bench.registry_mirrors` | — (save → hosts.toml latency) |
+| guarded state | `python -m bench.drift` | the same reloadd with `drift = "off"` (idle CPU) |
 """
 
 

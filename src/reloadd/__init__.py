@@ -16,6 +16,7 @@ from ._consumer import (
     Consumer,
     ConsumerContext,
     ConsumerFactory,
+    DriftPlanner,
     Planner,
     PruneAware,
     SourceProvider,
@@ -35,13 +36,14 @@ from ._errors import (
 from ._filters import DEFAULT_IGNORES, PathFilter
 from ._options import Options, parse_duration
 from ._pidfile import read_pid_file, signal_pid_file
-from ._sources.base import Coverage, EventKind, Source, SourceContext, SourceEvent, WatchRoot
+from ._sources.base import Coverage, Drift, EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import atomic_write
 from ._types import (
     Ack,
     Batch,
     Change,
     ChangeKind,
+    DriftMode,
     Fingerprint,
     Hold,
     JSONValue,
@@ -96,6 +98,9 @@ __all__ = [
     "ConsumerError",
     "ConsumerFactory",
     "Coverage",
+    "Drift",
+    "DriftMode",
+    "DriftPlanner",
     "EventKind",
     "Fingerprint",
     "Hold",

@@ -21,7 +21,7 @@ from ._errors import ConfigError, PluginError
 from ._filters import PathFilter
 from ._plugins import CONSUMER_GROUP, load
 from ._state import RecordStore
-from ._types import PathRecord
+from ._types import DriftMode, PathRecord
 
 __all__ = [
     "PrivateDirs", "RemovalHeld", "Trigger", "bind", "build_consumer", "embedded_config", "owner_test", "path_filter",
@@ -99,6 +99,7 @@ def build_consumer(
         logger=logging.getLogger(f"reloadd.consumer.{cc.name}"),
         config_file=config_file,
         removal_held=removal_held,
+        drift=cc.drift,
     )
     try:
         consumer = factory(ctx)
@@ -156,7 +157,7 @@ def embedded_config(consumer: Consumer) -> ConsumerConfig:
 
     Optional attributes, with the table's defaults: ``include``, ``exclude``,
     ``recursive``, ``ignore_defaults``, ``quiet``, ``max_delay``, ``max_hold``, ``after``, ``group``
-    (globs; a callable group is read by the engine directly).
+    (globs; a callable group is read by the engine directly), ``drift`` (else its context's).
     """
     def attr(key: str, default: Any) -> Any:
         value = getattr(consumer, key, None)
@@ -176,6 +177,7 @@ def embedded_config(consumer: Consumer) -> ConsumerConfig:
         max_hold=attr("max_hold", None),
         after=tuple(attr("after", ())),
         group=() if callable(group) else tuple((g,) if isinstance(g, str) else tuple(g) for g in group),
+        drift=DriftMode(attr("drift", getattr(getattr(consumer, "ctx", None), "drift", DriftMode.CORRECT))),
     )
 
 

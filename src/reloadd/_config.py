@@ -30,6 +30,7 @@ from typing import Any
 from ._errors import ConfigError
 from ._options import Options
 from ._order import check_after
+from ._types import DriftMode
 
 __all__ = ["Config", "ConsumerConfig", "load_config", "parse_config"]
 
@@ -61,6 +62,7 @@ class ConsumerConfig:
     concurrency: int | None = None
     after: tuple[str, ...] = ()
     group: tuple[tuple[str, ...], ...] = ()
+    drift: DriftMode = DriftMode.CORRECT
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -215,6 +217,7 @@ def _consumer(table: Any, where: str, base: Path) -> ConsumerConfig:
         concurrency=conc,
         after=tuple(c.str_list("after")),
         group=_groups(c, paths),
+        drift=DriftMode(c.choice("drift", [m.value for m in DriftMode], DriftMode.CORRECT.value)),
         options=c.table("options"),
     )
     c.finish()

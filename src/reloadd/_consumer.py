@@ -26,9 +26,12 @@ from typing import Any, Protocol, runtime_checkable
 
 from ._errors import PlanUnsupportedError
 from ._sources.base import Source, SourceContext
-from ._types import Batch, PathRecord, Plan, Result
+from ._types import Batch, DriftMode, PathRecord, Plan, Result
 
-__all__ = ["BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory", "Planner", "PruneAware", "SourceProvider"]
+__all__ = [
+    "BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory", "DriftPlanner", "Planner", "PruneAware",
+    "SourceProvider",
+]
 
 
 @runtime_checkable
@@ -117,6 +120,19 @@ class PruneAware(Protocol):
 
 
 @runtime_checkable
+class DriftPlanner(Protocol):
+    """The optional half of the contract ``reloadd plan`` uses to show drift (guarded state).
+
+    Read-only, like :meth:`Planner.plan`: what the far side holds now, compared with what the
+    recorded files declared.
+    """
+
+    async def plan_drift(self, paths: Sequence[Path]) -> Plan:
+        """Per recorded file of ``paths`` whose declared state drifted: :meth:`PlannedChange.drift` entries."""
+        ...
+
+
+@runtime_checkable
 class SourceProvider(Protocol):
     """The optional half of the contract for consumers that watch what they produced (guarded state).
 
@@ -150,6 +166,9 @@ class ConsumerContext:
         removal_held: Why removing what a recorded path declared must not run now (its
             input looks lost: see "prune safety"), or ``None``. For consumers that act on
             every input at once rather than per change; may stat, so call it off the loop.
+        drift: The consumer's ``drift`` mode: ``off`` starts none of its far-side sources
+            (:class:`SourceProvider`); ``detect`` hands nothing over for drift, so a source may
+            report it further (a Kubernetes Event), but must change nothing.
     """
 
     name: str
@@ -161,6 +180,7 @@ class ConsumerContext:
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("reloadd.consumer"))
     config_file: Path | None = None
     removal_held: Callable[[Path], str | None] = lambda path: None
+    drift: DriftMode = DriftMode.CORRECT
 
 
 ConsumerFactory = Callable[[ConsumerContext], Consumer]

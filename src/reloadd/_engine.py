@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ._aggregator import Aggregator, Key, Pending
 from ._consumer import BaseConsumer, Consumer
+from ._drift import DriftBook
 from ._filters import PathFilter, under
 from ._prune import PruneGuard, RootId
 from ._queue import Item, WorkQueue
@@ -51,6 +52,7 @@ class Slot:
     filter: PathFilter
     records: RecordStore
     queue: WorkQueue
+    drift: DriftBook = field(default=None)  # type: ignore[assignment]  # set in __post_init__ when not given
 
     @property
     def name(self) -> str:
@@ -58,6 +60,8 @@ class Slot:
         return self.consumer.name
 
     def __post_init__(self) -> None:
+        if self.drift is None:
+            self.drift = DriftBook(self.consumer.name)
         self._owns: dict[str, bool] = {}
         self._bad_accepts: set[str] = set()
         accepts = getattr(type(self.consumer), "accepts", None)
@@ -92,6 +96,8 @@ class Force:
 
     consumer: str | None = None
     paths: tuple[Path, ...] | None = None
+    reason: Reason = Reason.SIGNAL
+    """``DRIFT`` for a correction that waited out its backoff (see :class:`~reloadd._drift.DriftBook`)."""
 
 
 @dataclass
@@ -147,6 +153,7 @@ class Engine:
         self.full_rescan_every = max(1, full_rescan_every)
         self._tick = 0  # periodic rescans so far: which share of the covered files the next one stats
         self._trusted: dict[str, int] | None = None  # the coverage as the last rescan of every root began
+        self._timers: set[asyncio.TimerHandle] = set()  # drift corrections waiting out their backoff
 
     # Input -----------------------------------------------------------------------
     def emit(self, event: SourceEvent | Force) -> None:
@@ -197,6 +204,14 @@ class Engine:
     # The pump --------------------------------------------------------------------
     async def pump(self) -> None:
         """Process events and settle paths until cancelled."""
+        try:
+            await self._pump()
+        finally:
+            for timer in self._timers:
+                timer.cancel()
+            self._timers.clear()
+
+    async def _pump(self) -> None:
         while True:
             deadline = self.agg.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self.clock())
@@ -226,7 +241,7 @@ class Engine:
         for ev in events:
             if isinstance(ev, Force):
                 if ev.paths is not None:
-                    self._force(ev, now)
+                    self._force(ev, now, ev.reason)
                 elif ev.consumer is None:
                     resync = True
                 elif ev.consumer in self.slots:
@@ -245,7 +260,7 @@ class Engine:
             elif ev.kind is EventKind.SUBTREE and ev.path is not None:
                 subtrees.add(Path(ev.path))
             elif ev.kind is EventKind.DRIFTED and ev.path is not None:
-                self._force(Force(ev.consumer, (Path(ev.path),)), now, Reason.DRIFT)
+                self._drifted(ev, now)
             elif ev.path is not None:
                 self._observe_file(ev, now)
         if resync:
@@ -278,7 +293,37 @@ class Engine:
             for p in f.paths or ():
                 key = os.fspath(p)
                 if s.owns(key, p) or key in s.records.by_str:
+                    if reason is Reason.DRIFT:
+                        s.drift.correcting(key)
                     self.agg.observe((s.name, key), now, reason=reason, forced=True)
+
+    def _drifted(self, ev: SourceEvent, now: float) -> None:
+        """A far-side source saw what a file declared drift: correct it now, later (a fight), or only note it."""
+        assert ev.path is not None
+        key = os.fspath(ev.path)
+        slots = [self.slots[ev.consumer]] if ev.consumer in self.slots else list(self.slots.values())
+        for s in slots:
+            if not (key in s.records.by_str or s.owns(key)):
+                continue
+            delay = s.drift.saw(key, ev.drift)
+            force = Force(s.name, (Path(key),), Reason.DRIFT)
+            if delay is None:
+                continue
+            if delay <= 0:
+                self._force(force, now, Reason.DRIFT)
+                continue
+            self._later(delay, force)
+
+    def _later(self, delay: float, force: Force) -> None:
+        """Emit ``force`` in ``delay`` seconds (unless the pump stops first)."""
+        handle: list[asyncio.TimerHandle] = []
+
+        def fire() -> None:
+            self._timers.discard(handle[0])
+            self.emit(force)
+
+        handle.append(asyncio.get_running_loop().call_later(delay, fire))
+        self._timers.add(handle[0])
 
     # Reconcile -------------------------------------------------------------------
     async def reconcile(

@@ -152,6 +152,12 @@ class ReloaderCollector(Collector):
                 "files, as the consumer counts them; run `reloadd reload --confirm-prune` or bring the input back.",
                 labels=lab),
             "prune_paths": GaugeMetricFamily("reloadd_prune_held_paths", "Paths whose removal is held.", labels=lab),
+            "drift": CounterMetricFamily(
+                "reloadd_drift", "Drift events the consumer's far-side sources saw (images removed, objects "
+                "edited, hosts.toml rewritten), per kind.", labels=["consumer", "kind"]),
+            "drifted": GaugeMetricFamily(
+                "reloadd_drifted_paths", "Files whose declared state has drifted and is not restored "
+                "(detect mode, or a fight being backed off).", labels=lab),
             "held": GaugeMetricFamily(
                 "reloadd_consumer_held_paths", "Paths settling for longer than max_delay (open for writing, still "
                 "growing): nothing waits for them any more; handed over at max_hold.", labels=lab),
@@ -172,6 +178,9 @@ class ReloaderCollector(Collector):
             fam["prune"].add_metric([name], c.prune_held)
             fam["prune_paths"].add_metric([name], c.prune_held_paths)
             fam["held"].add_metric([name], c.held_paths)
+            fam["drifted"].add_metric([name], c.drifted)
+            for kind, n in sorted(c.drift_total.items()):
+                fam["drift"].add_metric([name, kind], n)
             for key, value in sorted(c.stats.items()):
                 fam["stat"].add_metric([name, key], value)
         yield from fam.values()

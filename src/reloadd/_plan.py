@@ -21,7 +21,7 @@ from pathlib import Path
 from ._aggregator import Aggregator
 from ._building import build_consumer, owner_test, path_filter
 from ._config import Config, ConsumerConfig
-from ._consumer import Consumer, Planner
+from ._consumer import Consumer, DriftPlanner, Planner
 from ._engine import _diff, _View
 from ._errors import PlanUnsupportedError, ReloaddError
 from ._filters import PathFilter
@@ -29,7 +29,7 @@ from ._prune import PruneGuard
 from ._queue import Needed, change_kind, needed
 from ._scan import DigestCache, probe
 from ._state import RecordStore
-from ._types import Batch, Change, ChangeKind, JSONValue, PlannedChange, Reason
+from ._types import Batch, Change, ChangeKind, DriftMode, JSONValue, PlannedChange, Reason
 
 __all__ = ["ConsumerPlan", "PlanReport", "pending_changes", "plan"]
 
@@ -224,7 +224,18 @@ async def _plan_one(config: Config, cc: ConsumerConfig, scratch: Path) -> Consum
         except Exception as exc:
             log.error("Failed to plan consumer %s: %s", cc.name, exc, exc_info=exc)
             return _failed(base, f"{type(exc).__name__}: {exc}")
-        return ConsumerPlan(cc.name, cc.plugin, kept, {**{Path(p): tuple(cs) for p, cs in result.items()}, **holds})
+        changes = {Path(p): tuple(cs) for p, cs in result.items()}
+        if isinstance(consumer, DriftPlanner) and cc.drift is not DriftMode.OFF:
+            # Files the pass leaves alone may still have drifted on the far side: list that too.
+            pending_paths = {c.path for c in kept} | set(holds)
+            steady = sorted(p for p in records if p not in pending_paths)
+            try:
+                drifted = await consumer.plan_drift(steady)
+            except ReloaddError as exc:
+                return _failed(base, f"checking drift: {exc}")
+            for p, cs in drifted.items():
+                changes[Path(p)] = (*changes.get(Path(p), ()), *cs)
+        return ConsumerPlan(cc.name, cc.plugin, kept, {**changes, **holds})
     finally:
         try:
             await consumer.close()

@@ -20,6 +20,7 @@ from typing import Any
 
 from ._backoff import Backoff
 from ._consumer import Consumer
+from ._drift import DriftBook
 from ._errors import ConsumerError, PermanentError, StateError
 from ._filters import PathFilter
 from ._holds import HeldRemovals
@@ -113,6 +114,7 @@ class WorkQueue:
             engine holds it); the group's queued paths wait for it.
         guard: The consumer's prune safety (held removals, persisted); default: one in memory.
         group_label: A group's name for status (its globs), from its id.
+        drift: The consumer's drift book, told when a path is acknowledged (its drift is then corrected).
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class WorkQueue:
         group_settling: Callable[[str], bool] = lambda group: False,
         guard: PruneGuard | None = None,
         group_label: Callable[[str], str] = str,
+        drift: DriftBook | None = None,
     ) -> None:
         self.consumer = consumer
         self.records = records
@@ -160,6 +163,7 @@ class WorkQueue:
         """Held removals: persisted, listed in status, run only when confirmed."""
         self._held = HeldRemovals(consumer, self.guard, self._recs, self._persist_soon, on_change)
         self._persist_pending = False
+        self.drift = drift
 
     # Inspection ------------------------------------------------------------------
     @property
@@ -544,6 +548,8 @@ class WorkQueue:
                 self.records.drop(path)
             else:
                 self.records.put(path, PathRecord(item.fingerprint, item.digest, result.data, None))
+            if self.drift is not None:
+                (self.drift.forget if change.kind is ChangeKind.DELETED else self.drift.settled)(path)
         elif isinstance(result, Reject):
             self.stats.rejected += 1
             log.warning("Failed to handle %s in consumer %s (rejected until it changes or a SIGHUP): %s",

@@ -34,6 +34,7 @@ from ._building import (
 )
 from ._config import Config, ConsumerConfig
 from ._consumer import Consumer
+from ._drift import DriftBook
 from ._engine import Engine, Force, Slot
 from ._errors import ConfigError, WatchLimitError
 from ._order import check_after, group_matcher
@@ -44,6 +45,7 @@ from ._snapshot import ConsumerSnapshot, EngineCounters, Snapshot
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import RecordStore, lock_state_dir
 from ._supervisor import supervise
+from ._types import DriftMode
 from ._watch import Watch, WatchState
 from ._writers import writers_of
 
@@ -145,6 +147,7 @@ class Reloader:
         group_of = custom if callable(custom) else group_matcher(cc.group, filt.roots)
         name = consumer.name
         self._groups[name] = cc.group
+        drift = DriftBook(name, cc.drift)
         queue = WorkQueue(
             consumer, records, concurrency=consumer.concurrency, on_change=self._notify, clock=self._clock,
             waits_for=self._waits_for(name, cc.after) if cc.after else None,
@@ -152,8 +155,9 @@ class Reloader:
             group_settling=self._group_settling(name, group_of) if group_of is not None else lambda g: False,
             group_label=lambda g: self._group_label(name, g),
             guard=PruneGuard(filt, records.by_str, owner_test(consumer, filt), records.directory),
+            drift=drift,
         )
-        return Slot(consumer, filt, records, queue)
+        return Slot(consumer, filt, records, queue, drift)
 
     def _waits_for(self, name: str, after: tuple[str, ...]) -> Callable[[], tuple[str, ...]]:
         def busy() -> tuple[str, ...]:
@@ -302,7 +306,7 @@ class Reloader:
         out: list[tuple[str, SourceFactory]] = []
         for slot in slots:
             provide = getattr(slot.consumer, "sources", None)
-            if not callable(provide):
+            if not callable(provide) or slot.drift.mode is DriftMode.OFF:
                 continue
             for i, factory in enumerate(provide()):
                 name = getattr(factory, "name", None) or getattr(getattr(factory, "func", None), "name", f"source{i}")
@@ -556,13 +560,16 @@ class Reloader:
                     "settling": engine.agg.count(name),
                     "held": self._held_status(engine, name),
                     **q.status(),
+                    "drift_mode": slot.drift.mode.value,
+                    "drift": _drift_status(slot.drift, self._clock()),
                 }
             consumers.append(ConsumerSnapshot(
                 name, _plugin_of(slot.consumer), tuple(str(r) for r in slot.filter.roots), len(slot.records),
                 counts.rejected, engine.agg.count(name), counts.pending, counts.in_flight, counts.failing,
                 counts.untried, q.oldest_age(), st.batches, st.acked, st.retried, st.rejected, st.dropped_unchanged,
                 st.last_success, sum(h["size"] for h in held), len(held), len(engine.held_long(name)),
-                _numbers(stats), doc,
+                stats=_numbers(stats), detail=doc, drift_mode=slot.drift.mode.value,
+                drifted=len(slot.drift.drifted()), drift_total=dict(slot.drift.total),
             ))
         es = engine.stats
         counters = EngineCounters(dict(es.events), engine.agg.coalesced, es.handed_over, es.overflows, es.resyncs,
@@ -609,6 +616,18 @@ class Reloader:
         if self._engine is None:
             raise RuntimeError("the reloader has not started")
         return self._engine
+
+
+def _drift_status(book: DriftBook, now: float) -> list[dict[str, Any]]:
+    """The drift entries of ``reloadd status --json``."""
+    return [
+        {
+            "path": e.path, "kind": e.drift.kind, "what": e.drift.what, "why": e.drift.why, "by": e.drift.by,
+            "since": e.since, "events": e.events, "corrections": e.corrections, "fighting": e.fighting,
+            "restored": e.restored, "next_correction_in": None if e.next_at is None else max(0.0, e.next_at - now),
+        }
+        for e in book.entries()
+    ]
 
 
 def _plugin_of(consumer: Consumer) -> str:

@@ -96,6 +96,8 @@ def status_line(pipeline: Pipeline) -> str:
         parts.append(f"{t.rejected} rejected")
     if t.prune_held_paths:
         parts.append(f"{t.prune_held_paths} removal(s) held")
+    if t.drifted:
+        parts.append(f"{t.drifted} drifted")
     return ", ".join(parts)
 
 

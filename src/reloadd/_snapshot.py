@@ -50,6 +50,11 @@ class ConsumerSnapshot:
     prune_held_paths: int = 0
     held_paths: int = 0
     """Paths settling for longer than ``max_delay`` (a file kept open, still growing)."""
+    drift_mode: str = "correct"
+    drifted: int = 0
+    """Files whose declared state has drifted and is not restored (yet: a fight, or ``detect`` mode)."""
+    drift_total: Mapping[str, int] = field(default_factory=dict)
+    """Drift events seen, per kind (``image``, ``object``, ``file``)."""
     stats: Mapping[str, float] = field(default_factory=dict)
     detail: Mapping[str, Any] | None = None
 
@@ -125,6 +130,7 @@ class Snapshot:
             rejected=sum(c.rejected for c in self.consumers),
             prune_held_paths=sum(c.prune_held_paths for c in self.consumers),
             held_paths=sum(c.held_paths for c in self.consumers),
+            drifted=sum(c.drifted for c in self.consumers),
         )
 
     def status(self) -> dict[str, Any]:

@@ -82,7 +82,8 @@ def query_status(cfg: Config, as_json: bool = False, out: TextIO | None = None) 
     else:
         out.write(format_status(doc))
     consumers = doc.get("consumers", {}).values()
-    troubled = any(c.get("failing") or c.get("rejected") or c.get("prune_held") for c in consumers)
+    troubled = any(c.get("failing") or c.get("rejected") or c.get("prune_held")
+                   or any(not d.get("restored") for d in c.get("drift", [])) for c in consumers)
     return 0 if doc.get("ready") and not troubled else 3
 
 
@@ -117,6 +118,24 @@ def _held_lines(lines: list[str], c: dict[str, Any], now: float) -> None:
             lines.append(f"             ... and {len(entries) - _LIST_MAX} more (--json lists all)")
     if held:
         lines.append("             run by `reloadd reload --confirm-prune`; the input coming back releases them")
+
+
+def _drift_lines(lines: list[str], c: dict[str, Any], now: float) -> None:
+    """``DRIFT:`` per drifted file (what moved, who moved it, a fight's corrections), ``drift:`` once restored."""
+    detect = c.get("drift_mode") == "detect"
+    for d in c.get("drift", []):
+        by = f" by {d['by']}" if d.get("by") else ""
+        head = "drift:    " if d.get("restored") else "DRIFT:    "
+        state = ("restored" if d.get("restored") else "detect only: left as it is" if detect else "correcting")
+        lines.append(f"  {head} {d.get('kind')} {d.get('what')}: {d.get('why')}{by} ({state}, since "
+                     f"{_clock(float(d.get('since', now)))}, {_ago(now - float(d.get('since', now)))} ago)")
+        lines.append(f"             declared by {d['path']}")
+        if d.get("fighting"):
+            nxt = d.get("next_correction_in")
+            then = f"; next correction in {_ago(float(nxt))}" if nxt is not None else ""
+            who = d.get("by") or "something"
+            lines.append(f"             FIGHTING {who}: corrected {d.get('corrections')} times, "
+                         f"{d.get('events')} drift events{then}")
 
 
 def format_status(doc: dict[str, Any], now: float | None = None) -> str:
@@ -169,6 +188,7 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
         for d in c.get("deferred", []):
             lines.append(f"  deferred:  {d['path']}: again in {d.get('retry_in', 0):.1f}s ({d.get('reason')})")
         _held_lines(lines, c, now)
+        _drift_lines(lines, c, now)
         for rj in c.get("rejected", []):
             lines.append(f"  REJECTED:  {rj['path']} (not retried until it changes, or on SIGHUP / `reloadd reload`)")
             lines.append(f"             {rj.get('error')}")

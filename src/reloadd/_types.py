@@ -14,6 +14,7 @@ __all__ = [
     "Batch",
     "Change",
     "ChangeKind",
+    "DriftMode",
     "Fingerprint",
     "Hold",
     "JSONValue",
@@ -41,6 +42,19 @@ class ChangeKind(enum.StrEnum):
 
     DELETED = "deleted"
     """The path is gone and the consumer had acknowledged (or been handed) it."""
+
+
+class DriftMode(enum.StrEnum):
+    """What a consumer does when its far-side sources see drift (the ``drift`` key of ``[[consumer]]``)."""
+
+    CORRECT = "correct"
+    """Hand the file that declared it over again (forced), with a backoff while something keeps undoing it."""
+
+    DETECT = "detect"
+    """Change nothing: one WARNING line, status, the metric (and what the plugin adds, e.g. an Event)."""
+
+    OFF = "off"
+    """Run no far-side source at all."""
 
 
 class Reason(enum.StrEnum):
@@ -246,6 +260,12 @@ class PlannedChange:
 
     INVALID: ClassVar[str] = "invalid"
     HELD: ClassVar[str] = "held"
+    DRIFT: ClassVar[str] = "drift"
+
+    @classmethod
+    def drift(cls, what: str, why: str, kind: str = "", by: str = "") -> PlannedChange:
+        """What a file declared has drifted on the far side (``reloadd plan`` lists it; a change, exit 2)."""
+        return cls(cls.DRIFT, what, detail={"why": why, "kind": kind, "by": by})
 
     @classmethod
     def invalid(cls, path: Path | str, error: str) -> PlannedChange:
@@ -275,6 +295,10 @@ class PlannedChange:
         if self.is_held and isinstance(self.detail, dict):
             return (f"HELD {self.target}: {self.detail.get('why')} (prune safety; `reloadd reload --confirm-prune` "
                     "runs it)")
+        if self.action == self.DRIFT and isinstance(self.detail, dict):
+            by = f" by {self.detail['by']}" if self.detail.get("by") else ""
+            kind = f"{self.detail['kind']} " if self.detail.get("kind") else ""
+            return f"DRIFT {kind}{self.target}: {self.detail.get('why')}{by}"
         return f"{self.action} {self.target}"
 
     def to_json(self) -> dict[str, JSONValue]:

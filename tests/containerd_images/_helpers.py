@@ -13,7 +13,19 @@ from reloadd_containerd_images._client import ContainerdClient
 from reloadd_containerd_images._proto.containerd.services.content.v1 import content_pb2 as cpb
 from reloadd_containerd_images._proto.containerd.services.snapshots.v1 import snapshots_pb2 as spb
 
-from reloadd import Ack, Batch, Change, ChangeKind, ConsumerContext, Fingerprint, PathRecord, Reason, Reject, Result
+from reloadd import (
+    Ack,
+    Batch,
+    Change,
+    ChangeKind,
+    ConsumerContext,
+    DriftMode,
+    Fingerprint,
+    PathRecord,
+    Reason,
+    Reject,
+    Result,
+)
 from tests.infra import Containerd
 
 
@@ -29,7 +41,8 @@ class Harness:
             name="images",
             paths=(root,),
             # No engine here to run the consumer's far-side source: its start-up check is what runs.
-            options={"address": ctd.address, "watch_events": False, **options},
+            options={"address": ctd.address, **options},
+            drift=DriftMode.OFF,
             state_dir=state,
             records=self.records,
             trigger=lambda paths: self.triggered.extend(paths or []),

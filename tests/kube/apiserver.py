@@ -143,6 +143,7 @@ class KubeCluster:
         self.restricted_group = RESTRICTED_GROUP
         self.port = 0
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._argv: dict[str, list[str]] = {}
         self._ssl = ssl.create_default_context()
 
     # --- paths -------------------------------------------------------------------------------------
@@ -244,7 +245,20 @@ class KubeCluster:
                 "--leader-elect=false", "--port=0", "--secure-port=0", "--profiling=false",
             ])
 
+    def restart_apiserver(self) -> None:
+        """Kill kube-apiserver (a crash, or a node reboot) and start it again on the same port.
+
+        Every watch it served ends; its watch cache starts afresh from etcd. (A SIGTERM would wait for
+        in-flight requests, which a test that holds the event loop never lets finish.)
+        """
+        proc = self._procs.pop("kube-apiserver")
+        proc.kill()
+        proc.wait(timeout=30)
+        self._spawn("kube-apiserver", self._argv["kube-apiserver"])
+        self._wait_ready()
+
     def _spawn(self, name: str, argv: list[str]) -> None:
+        self._argv[name] = argv
         with open(self.log_file(name), "ab") as log:
             self._procs[name] = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

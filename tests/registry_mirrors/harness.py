@@ -55,7 +55,7 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def running_reloader(tmp_path: Path, *, settings: dict[str, Any] | None = None,
+async def running_reloader(tmp_path: Path, *, settings: dict[str, Any] | None = None, drift: str = "correct",
                            **options: Any) -> AsyncIterator[Running]:
     etc = tmp_path / "etc"
     conf_d = etc / "registries.conf.d"
@@ -74,7 +74,7 @@ async def running_reloader(tmp_path: Path, *, settings: dict[str, Any] | None = 
         {
             "reloadd": {"state_dir": str(tmp_path / "state"), "quiet": "100ms", "max_delay": "2s",
                         **(settings or {})},
-            "consumer": [{"name": "mirrors", "plugin": "registry-mirrors", "options": opts}],
+            "consumer": [{"name": "mirrors", "plugin": "registry-mirrors", "drift": drift, "options": opts}],
         }
     )
     async with Reloader(cfg) as r:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from reloadd._plan import plan
 from tests.faults._daemon import until
 
 from .conftest import mirror_conf
@@ -55,3 +56,35 @@ async def test_a_deleted_or_rewritten_hosts_toml_comes_back_and_our_own_writes_a
         (foreign / "hosts.toml").unlink()
         await run.settle()
         assert events[DRIFTS] == seen, "another tool's hosts.toml was taken for drift"
+
+
+@pytest.mark.parametrize("mode", ["detect", "off"])
+async def test_detect_lists_a_rewritten_hosts_toml_and_off_ignores_it(tmp_path: Path, mode: str) -> None:
+    async with running_reloader(tmp_path, drift=mode) as run:
+        drop = run.conf_d / "50-mirror.conf"
+        drop.write_text(mirror_conf(HOST, "127.0.0.1:5001"))
+        await run.wait_path(drop)
+        await run.reloader.wait_idle(15)
+        hosts_toml = run.hosts / HOST / "hosts.toml"
+        theirs = b'server = "https://registry.example.com"\n'
+        tmp = hosts_toml.with_name(".edit")
+        tmp.write_bytes(theirs)
+        os.replace(tmp, hosts_toml)
+
+        def listed() -> bool:
+            return bool(run.reloader.status()["consumers"]["mirrors"]["drift"])
+
+        if mode == "detect":
+            await until(listed, what="the rewrite listed as drift")
+        await run.settle()
+        assert hosts_toml.read_bytes() == theirs, f"drift = {mode} changed the file"
+        entries = run.reloader.status()["consumers"]["mirrors"]["drift"]
+        if mode == "off":
+            assert entries == []
+            return
+        (entry,) = entries
+        assert (entry["kind"], entry["what"], entry["restored"]) == ("file", str(hosts_toml), False), entry
+        assert entry["path"] == str(drop) and "rewritten" in entry["why"], entry
+        report = await plan(run.reloader.config)
+        planned = [(p, c.action, c.target) for p, cs in report.consumers[0].changes.items() for c in cs]
+        assert (drop, "drift", str(hosts_toml)) in planned and report.exit_code == 2, planned

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["Coverage", "EventKind", "Source", "SourceContext", "SourceEvent", "WatchRoot"]
+__all__ = ["Coverage", "Drift", "EventKind", "Source", "SourceContext", "SourceEvent", "WatchRoot"]
 
 
 class EventKind(enum.Enum):
@@ -49,6 +49,27 @@ class EventKind(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Drift:
+    """What a far-side source saw move away from what a file declared (the detail of a ``DRIFTED`` event).
+
+    Attributes:
+        kind: What moved, for the metric's ``kind`` label: ``image``, ``object``, ``file``...
+        what: The thing itself, as an operator names it (an image name, ``apps/Deployment default/web``,
+            a hosts.toml path).
+        why: What happened to it (``deleted``, ``unpinned``, ``spec.replicas changed``...).
+        by: Who did it, when the far side says (a Kubernetes field manager), else ``""``.
+    """
+
+    kind: str
+    what: str
+    why: str
+    by: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.what}: {self.why}" + (f" by {self.by}" if self.by else "")
+
+
+@dataclass(frozen=True, slots=True)
 class SourceEvent:
     """One report from a source.
 
@@ -63,6 +84,8 @@ class SourceEvent:
     """Further events of the same path this one stands for (the inotify source folds each read's)."""
     consumer: str | None = None
     """The consumer a ``DRIFTED`` event is for (a far-side source watches one consumer's output)."""
+    drift: Drift | None = None
+    """What drifted (``DRIFTED`` events): status, the WARNING line and the metric name it."""
 
 
 @dataclass(frozen=True, slots=True)

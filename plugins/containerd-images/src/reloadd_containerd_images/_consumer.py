@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import time
 import uuid
@@ -20,9 +19,11 @@ from reloadd import (
     ChangeKind,
     ConsumerContext,
     ConsumerError,
+    DriftMode,
     PathRecord,
     PermanentError,
     Plan,
+    PlannedChange,
     Reject,
     Result,
     Retry,
@@ -49,6 +50,18 @@ INSTANCE_LABEL = "reloadd.io/instance"
 
 def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
+
+
+class _EventsFactory:
+    """Builds a consumer's ``containerd-events`` source (named, as the core names sources by it)."""
+
+    name = ImageEvents.name
+
+    def __init__(self, consumer: ContainerdImagesConsumer) -> None:
+        self.consumer = consumer
+
+    def __call__(self, ctx: SourceContext) -> ImageEvents:
+        return self.consumer.make_events(ctx)
 
 
 class ContainerdImagesConsumer(BaseConsumer):
@@ -89,6 +102,8 @@ class ContainerdImagesConsumer(BaseConsumer):
         self._release_lock = asyncio.Lock()
         self._verify: asyncio.Task[None] | None = None
         self.verified = asyncio.Event()
+        self._busy: dict[Path, int] = {}  # files being imported or pulled now
+        self._events: ImageEvents | None = None
         """Set once the start-up check of recorded images has run."""
         self._import_settings = ImportSettings(
             snapshotter=settings.snapshotter,
@@ -119,22 +134,25 @@ class ContainerdImagesConsumer(BaseConsumer):
     async def start(self) -> None:
         """Check, in the background, that recorded images are still there and pinned.
 
-        With ``watch_events`` (the default) the ``containerd-events`` source does that check after
-        every (re)connect of its stream instead (see :meth:`sources`).
+        Unless the consumer's ``drift`` is ``off``, the ``containerd-events`` source does that check
+        after every (re)connect of its stream instead (see :meth:`sources`).
         """
-        if not self.settings.watch_events:
+        if self.ctx.drift is DriftMode.OFF:
             self._verify = asyncio.create_task(self._check_records(), name=f"{self.name}:verify")
 
     def sources(self) -> Sequence[Callable[[SourceContext], Source]]:
-        """The ``containerd-events`` source (guarded images), unless ``watch_events = false``."""
-        if not self.settings.watch_events:
-            return ()
-        factory = functools.partial(
-            ImageEvents, consumer=self.name, address=self.settings.address,
+        """The ``containerd-events`` source (guarded images); the core starts it unless ``drift = "off"``."""
+        return (_EventsFactory(self),)
+
+    def make_events(self, ctx: SourceContext) -> ImageEvents:
+        """Build the ``containerd-events`` source (called by the core, through :meth:`sources`)."""
+        self._events = ImageEvents(
+            ctx, consumer=self.name, address=self.settings.address,
             namespaces={self.settings.namespace, CRI_NAMESPACE}, records=lambda: list(self.ctx.records.items()),
             pin=self.settings.pin, check=self.images_to_restore, checked=self.verified.set,
+            busy=self._busy.__contains__,
         )
-        return (factory,)
+        return self._events
 
     async def images_to_restore(self) -> list[Path]:
         """The recorded files whose images are missing or changed in containerd (missing pins are put back).
@@ -177,6 +195,29 @@ class ContainerdImagesConsumer(BaseConsumer):
         )
         return await planner.plan(batch)
 
+    async def plan_drift(self, paths: Sequence[Path]) -> Plan:
+        """Images of these recorded files missing, changed or unpinned in containerd (read-only)."""
+        out: dict[Path, list[PlannedChange]] = {}
+        for path in paths:
+            rec = self.ctx.records.get(path)
+            st = state_of(rec.data) if rec is not None else None
+            if rec is None or st is None or rec.error or not path.exists():
+                continue
+            ns = CRI_NAMESPACE if st.kind == "list" else None
+            for _name, digest, refs in st.images:
+                for ref in refs:
+                    img = await self.client.get_image(ref, namespace=ns)
+                    why = None
+                    if img is None:
+                        why = "deleted"
+                    elif st.kind == "tar" and img.target.digest != digest:
+                        why = f"points at {img.target.digest}, not {digest}"
+                    elif self.settings.pin and img.labels.get(PIN_LABEL) != "pinned":
+                        why = "unpinned"
+                    if why is not None:
+                        out.setdefault(path, []).append(PlannedChange.drift(ref, why, "image"))
+        return out
+
     def _plan_labels(self, path: Path) -> dict[str, str]:
         """The labels the pass sets on a file's records: pin, the user's, the source file."""
         labels = {PIN_LABEL: "pinned"} if self.settings.pin else {}
@@ -187,8 +228,15 @@ class ContainerdImagesConsumer(BaseConsumer):
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
         """Import, pull or release each path of the batch (up to ``concurrency`` at once)."""
         async def settle(change: Change) -> Result:
-            result = await self._one(change)
-            batch.report(change.path, result)  # done: a slow import of this batch delays no other file
+            self._busy[change.path] = self._busy.get(change.path, 0) + 1
+            try:
+                result = await self._one(change)
+                batch.report(change.path, result)  # done: a slow import of this batch delays no other file
+            finally:
+                if (n := self._busy.pop(change.path) - 1) > 0:
+                    self._busy[change.path] = n
+                elif self._events is not None:
+                    self._events.settled(change.path)
             return result
 
         results = await asyncio.gather(*(settle(c) for c in batch.changes))

@@ -15,13 +15,14 @@ is gone is meant to go, so it is not drift either.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from reloadd import EventKind, PathRecord, SourceContext, SourceEvent, TransientError
+from reloadd import Drift, EventKind, PathRecord, SourceContext, SourceEvent, TransientError
 
 from ._client import ContainerdClient
 from ._errors import map_grpc_error
@@ -83,13 +84,16 @@ class ImageEvents:
         check: Returns the recorded files whose images are missing or changed (the full check
             after a (re)connect; it restores missing pins itself).
         checked: Called after each full check (the consumer's ``verified`` event).
+        busy: Whether the consumer is importing or pulling a file right now: events about its images
+            wait for :meth:`settled` (its own writes are not drift).
     """
 
     name = "containerd-events"
 
     def __init__(self, ctx: SourceContext, *, consumer: str, address: str, namespaces: Collection[str],
                  records: Callable[[], Iterable[tuple[Path, PathRecord]]], pin: bool,
-                 check: Callable[[], Awaitable[list[Path]]], checked: Callable[[], None] = lambda: None) -> None:
+                 check: Callable[[], Awaitable[list[Path]]], checked: Callable[[], None] = lambda: None,
+                 busy: Callable[[Path], bool] = lambda path: False) -> None:
         self.ctx = ctx
         self.consumer = consumer
         self.address = address
@@ -98,11 +102,16 @@ class ImageEvents:
         self.pin = pin
         self.check = check
         self.checked = checked
+        self.busy = busy
+        self._client: ContainerdClient | None = None
+        self._stash: dict[tuple[str, str], tuple[str, Path]] = {}  # (image, namespace) -> (topic, file) while busy
+        self._tasks: set[asyncio.Task[None]] = set()
         self.log = logging.getLogger(f"reloadd.consumer.{consumer}.events")
 
-    def _emit(self, path: Path, why: str) -> None:
-        self.log.warning("Image drift: %s; handing %s to consumer %s again", why, path, self.consumer)
-        self.ctx.emit(SourceEvent(EventKind.DRIFTED, path, source=self.name, consumer=self.consumer))
+    def _emit(self, path: Path, what: str, why: str) -> None:
+        self.log.debug("Image drift: %s %s (declared by %s)", what, why, path)
+        self.ctx.emit(SourceEvent(EventKind.DRIFTED, path, source=self.name, consumer=self.consumer,
+                                  drift=Drift("image", what, why)))
 
     async def run(self) -> None:
         """Subscribe, check every recorded image once, then turn each image event into drift or nothing.
@@ -111,7 +120,7 @@ class ImageEvents:
             TransientError: the stream could not be opened, or ended (containerd restarted): the
                 supervisor opens it again after a backoff, and the check runs again.
         """
-        client = ContainerdClient(self.address, self.namespaces[0])
+        client = self._client = ContainerdClient(self.address, self.namespaces[0])
         try:
             stub = events_grpc.EventsStub(client.channel)
             # One filter per namespace (entries are OR'ed, the comma inside one is AND'ed); quoted, as
@@ -122,19 +131,20 @@ class ImageEvents:
                     await stream.send_message(events_pb2.SubscribeRequest(filters=filters), end=True)
                     redo = await self.check()  # subscribed first, then the relist: nothing falls in between
                     for path in redo:
-                        self._emit(path, f"images of {path} are missing or changed")
+                        self._emit(path, f"the images of {path.name}", "missing or changed (seen at (re)connect)")
                     self.checked()
                     async for envelope in stream:
-                        self._on(envelope)
+                        await self._on(client, envelope)
             except TransientError:
                 raise
             except Exception as exc:
                 raise map_grpc_error(exc, "Events.Subscribe") from exc
             raise TransientError("containerd ended the event stream")
         finally:
+            self._client = None
             client.close()
 
-    def _on(self, envelope: events_pb2.Envelope) -> None:
+    async def _on(self, client: ContainerdClient, envelope: events_pb2.Envelope) -> None:
         cls = _MESSAGES.get(envelope.topic)
         if cls is None or envelope.namespace not in self.namespaces:
             return
@@ -143,9 +153,51 @@ class ImageEvents:
         except Exception as exc:  # a payload we cannot read: say so, keep the stream
             self.log.debug("Cannot decode %s event: %s", envelope.topic, exc)
             return
-        labels = dict(getattr(event, "labels", {}) or {})
+        await self._judge(client, envelope.topic, event.name, envelope.namespace,
+                          dict(getattr(event, "labels", {}) or {}))
+
+    async def _judge(self, client: ContainerdClient, topic: str, name: str, namespace: str,
+                     labels: Mapping[str, str]) -> None:
         owners = owners_of(self.records())
-        path = drifted(envelope.topic, event.name, labels, owners, pin=self.pin)
-        if path is not None:
-            what = "deleted" if envelope.topic == "/images/delete" else "relabelled"
-            self._emit(path, f"{event.name} was {what} in containerd ({envelope.topic})")
+        path = drifted(topic, name, labels, owners, pin=self.pin)
+        if path is None:
+            return
+        if self.busy(path):
+            self._stash[(name, namespace)] = (topic, path)  # judged once its import or pull answered
+            return
+        # Events arrive after the fact: reloadd's own import or pull may have created the image
+        # unlabelled and labelled it since (a CRI pull does), or put a deleted one back. Only what
+        # containerd holds now is drift.
+        now = await client.get_image(name, namespace)
+        if now is None and topic != "/images/delete":
+            return  # gone since: its delete event follows
+        if now is not None and drifted("/images/update", name, dict(now.labels), owners, pin=self.pin) is None:
+            return
+        if now is None:
+            why = "deleted"
+        elif self.pin and now.labels.get(PIN_LABEL) != "pinned":
+            why = "unpinned"
+        else:
+            why = "relabelled"
+        self._emit(path, name, why)
+
+    def settled(self, path: Path) -> None:
+        """The consumer finished ``path``: judge the events that arrived meanwhile against containerd now."""
+        client = self._client
+        waiting = [(key, topic) for key, (topic, p) in self._stash.items() if p == path]
+        if client is None or not waiting:
+            return
+        for key, _topic in waiting:
+            del self._stash[key]
+
+        async def judge() -> None:
+            for (name, namespace), topic in waiting:
+                try:
+                    await self._judge(client, "/images/update" if topic != "/images/delete" else topic, name,
+                                      namespace, {})
+                except TransientError as exc:
+                    self.log.debug("Cannot check %s after %s: %s", name, path, exc)
+
+        task = asyncio.get_running_loop().create_task(judge())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

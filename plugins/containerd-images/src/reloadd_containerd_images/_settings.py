@@ -32,7 +32,6 @@ class Settings:
     labels: Mapping[str, str] = field(default_factory=dict)
     pull_timeout: float = 600.0
     timeout: float = 60.0
-    watch_events: bool = True
 
     @classmethod
     def from_context(cls, ctx: ConsumerContext) -> Settings:
@@ -69,7 +68,6 @@ class Settings:
             labels=dict(labels),
             pull_timeout=o.duration("pull_timeout", 600.0),
             timeout=o.duration("timeout", 60.0),
-            watch_events=o.bool("watch_events", True),
         )
         o.finish()
         if not s.namespace:

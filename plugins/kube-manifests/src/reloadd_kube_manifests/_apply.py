@@ -230,6 +230,8 @@ class Applier:
                     self._record_error(plan, exc, out)
                     return False
                 out.applied += 1
+                if isinstance(answer, dict) and not self.settings.dry_run:
+                    out.answers[plan.ref] = answer
                 out.warnings.extend(f"{plan.label}: {w}" for w in warnings)
                 if established is not None and isinstance(answer, dict) and _established(answer):
                     established.add(plan.ref.name)  # an unchanged CRD: no need to poll for it

@@ -27,7 +27,7 @@ import email.utils
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -297,6 +297,50 @@ class KubeClient:
         except (aiohttp.ClientError, TimeoutError):
             return False
         return True
+
+    async def watch(self, path: str, params: Mapping[str, str], *, read_timeout: float,
+                    max_event: int = 64 << 20) -> AsyncIterator[dict[str, Any]]:
+        """Open a watch on the collection at ``path`` and yield its events (``{"type", "object"}``) until the
+        server ends the stream (its ``timeoutSeconds``): one request, no retry; the caller resumes.
+
+        Events are newline-framed JSON; a line may span chunks (read whole up to ``max_event`` bytes).
+
+        Raises:
+            ApiError: an error status (410 when the ``resourceVersion`` is too old, 403...).
+            ApiUnavailable: no connection, a dropped one, 429/5xx, or ``read_timeout`` seconds of silence.
+        """
+        headers = {"Accept": "application/json"}
+        auth = await self.config.auth.header()
+        if auth:
+            headers["Authorization"] = auth
+        self.stats["requests"] += 1
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout.total, sock_read=read_timeout)
+        try:
+            async with self._get_session().get(
+                self.config.server + path, params={**params, "watch": "1"}, headers=headers, timeout=timeout,
+                server_hostname=self.config.server_hostname,
+            ) as resp:
+                if resp.status == 401:
+                    self.config.auth.invalidate()
+                if resp.status >= 300:
+                    text = await resp.text(errors="replace")
+                    if resp.status in _RETRY_STATUSES or resp.status == 401:
+                        raise ApiUnavailable(f"WATCH {path}: {_error(resp.status, text)}",
+                                             retry_after=_retry_after(resp.headers.get("Retry-After")))
+                    raise _error(resp.status, text)
+                buf = b""
+                async for chunk in resp.content.iter_any():
+                    buf += chunk
+                    while (end := buf.find(b"\n")) >= 0:
+                        line, buf = buf[:end], buf[end + 1:]
+                        if line.strip():
+                            event = json.loads(line)
+                            if isinstance(event, dict):
+                                yield event
+                    if len(buf) > max_event:
+                        raise ApiUnavailable(f"WATCH {path}: an event over {max_event} bytes")
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ApiUnavailable(f"WATCH {path}: {type(exc).__name__}: {exc}") from exc
 
     async def get(self, path: str, params: Mapping[str, str] | None = None, *, attempts: int | None = None) -> Any:
         """GET ``path`` (``attempts`` overrides the client's tries)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ class FileOutcome:
         warnings: What the server warned about while applying (deprecated APIs), per object.
         unreadable: How many documents could not be read (they are in ``errors``).
         desired: The objects the file declares (not persisted).
+        answers: The server's answer per object applied (not persisted; the drift ledger's baseline).
     """
 
     parent: str
@@ -48,6 +50,7 @@ class FileOutcome:
     warnings: list[str] = field(default_factory=list)
     unreadable: int = 0
     desired: set[ObjRef] = field(default_factory=set)
+    answers: dict[ObjRef, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:

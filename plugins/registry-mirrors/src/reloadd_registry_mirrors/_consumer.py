@@ -8,7 +8,7 @@ import difflib
 import functools
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from reloadd import (
     BaseConsumer,
     Batch,
     ConsumerContext,
+    DriftMode,
     Options,
     PathRecord,
     Plan,
@@ -52,14 +53,12 @@ class Settings:
         hosts_dir: Where hosts.toml directories are written (containerd's ``config_path`` root).
         containerd_config: containerd's config.toml to check at start-up (``None``: skip).
         notify: The action after each apply that changed something.
-        guard: Watch the hosts.toml files written and put back any deleted or rewritten (``hosts-guard``).
     """
 
     inputs: Inputs
     hosts_dir: Path
     containerd_config: Path | None
     notify: Notifier
-    guard: bool = True
 
     @classmethod
     def from_context(cls, ctx: ConsumerContext) -> Settings:
@@ -76,14 +75,12 @@ class Settings:
         max_size = opts.int("max_file_size", 1 << 20, minimum=1, maximum=MAX_FILE_SIZE)
         follow = opts.choice("follow_symlinks", (FOLLOW_INSIDE, FOLLOW_ROOT_OWNED), FOLLOW_INSIDE)
         notify = Notifier.from_options(opts.table("notify"), f"{where} notify")
-        guard = opts.bool("guard", True)
         opts.finish()
         return cls(
             Inputs(main, conf_d, yaml, tuple(Path(c) for c in certs), max_size, follow),
             hosts_dir,
             Path(containerd_config) if containerd_config else None,
             notify,
-            guard,
         )
 
 
@@ -129,9 +126,10 @@ class RegistryMirrorsConsumer(BaseConsumer):
         self._expected: dict[str, tuple[bytes, Path]] = {}  # host -> (bytes written, declaring input): the guard's
 
     def sources(self) -> Sequence[Callable[[SourceContext], Source]]:
-        """The ``hosts-guard`` source: a hosts.toml reloadd wrote that is deleted or rewritten is put back."""
-        if not self.settings.guard:
-            return ()
+        """The ``hosts-guard`` source: a hosts.toml reloadd wrote that is deleted or rewritten is put back.
+
+        The core starts it unless the consumer's ``drift`` is ``off``.
+        """
         return (functools.partial(HostsGuard, consumer=self.name, hosts_dir=self.settings.hosts_dir,
                                   expected=lambda: self._expected),)
 
@@ -173,7 +171,9 @@ class RegistryMirrorsConsumer(BaseConsumer):
                 return
         self._ask_for_unreported(outcome, handed=set())
 
-    async def _reconcile(self) -> tuple[Outcome, ApplyResult | None]:
+    async def _reconcile(self, handed: Collection[Path] = ()) -> tuple[Outcome, ApplyResult | None]:
+        """Re-read, render and write every input; ``handed``: the paths of the batch (``detect`` mode writes
+        back only what they declare)."""
         inputs = self.settings.inputs
         snap = await read_snapshot(inputs)
         outcome = evaluate(inputs, snap)
@@ -192,8 +192,13 @@ class RegistryMirrorsConsumer(BaseConsumer):
             self.log.warning("Keeping hosts.toml of %s: the inputs that declared them are gone, and their removal is "
                              "held (prune safety)", ", ".join(sorted(kept - rendered.files.keys())))
         self._kept = kept
-        # Hosts reloadd wrote last time and still declares: theirs to take back if something rewrote them.
-        reclaim = frozenset(self._expected) & rendered.files.keys() if self.settings.guard else frozenset()
+        # Hosts reloadd wrote last time and still declares: theirs to take back if something rewrote them
+        # (drift = "detect": only those of the inputs handed over now, an edit or a SIGHUP).
+        reclaim = frozenset(self._expected) & rendered.files.keys()
+        if self.ctx.drift is DriftMode.OFF:
+            reclaim = frozenset()
+        elif self.ctx.drift is DriftMode.DETECT:
+            reclaim = frozenset(h for h in reclaim if self._expected[h][1] in handed)
         # What the guard compares with, set before the files are written: reloadd's own writes are not drift.
         self._expected = {name: (text.encode(), rendered.origins[name]) for name, text in rendered.files.items()
                           if name in rendered.origins}
@@ -277,10 +282,33 @@ class RegistryMirrorsConsumer(BaseConsumer):
             if step.action in ("write", "remove")
         }
 
+    async def plan_drift(self, paths: Sequence[Path]) -> Plan:
+        """hosts.toml files these recorded inputs declared, deleted or rewritten since (read-only)."""
+        inputs = self.settings.inputs
+        outcome = evaluate(inputs, await read_snapshot(inputs))
+        if outcome.rendered is None:
+            return {}
+        out: dict[Path, list[PlannedChange]] = {}
+        for path in paths:
+            record = self.ctx.records.get(path)
+            data = record.data if record is not None and isinstance(record.data, dict) else {}
+            for host in data.get("hosts") or ():
+                text = outcome.rendered.files.get(host)
+                if host in (data.get("left_alone") or ()):
+                    continue  # another tool's file, which the pass leaves alone
+                if text is None or outcome.rendered.origins.get(host) != path:
+                    continue  # no longer declared by it: the plan lists the removal
+                target = self.settings.hosts_dir / host / HOSTS_FILE
+                have = await asyncio.to_thread(_read_bytes, target)
+                if have != text.encode():
+                    why = "deleted" if have is None else "rewritten by something else"
+                    out.setdefault(path, []).append(PlannedChange.drift(str(target), why, "file"))
+        return out
+
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
         """Re-read everything; apply all or nothing; Reject the broken files of the batch."""
         async with self._lock:
-            outcome, result = await self._reconcile()
+            outcome, result = await self._reconcile(batch.paths)
         handed = set(batch.paths)
         if result is None:
             self._ask_for_unreported(outcome, handed)
@@ -315,6 +343,9 @@ class RegistryMirrorsConsumer(BaseConsumer):
                 ),
                 "warnings": [str(w) for w in rendered.warnings if w.path == path],
             }
+            foreign = [name for name in data["hosts"] if name in result.skipped]
+            if foreign:
+                data["left_alone"] = foreign  # another tool's hosts.toml: neither written nor guarded
             errors = outcome.errors.get(path)
             results[path] = Reject("; ".join(str(d) for d in errors), data) if errors else Ack(data)
         return results
@@ -346,6 +377,13 @@ def _files_digest(files: Mapping[str, str]) -> str:
     for host in sorted(files):
         h.update(host.encode() + b"\0" + files[host].encode() + b"\0")
     return h.hexdigest()
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def _read_text(path: Path) -> str | None:

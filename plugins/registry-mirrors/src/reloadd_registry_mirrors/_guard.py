@@ -18,7 +18,7 @@ from pathlib import Path
 
 from asyncinotify import Inotify, Mask
 
-from reloadd import EventKind, SourceContext, SourceEvent, TransientError
+from reloadd import Drift, EventKind, SourceContext, SourceEvent, TransientError
 
 from ._write import HOSTS_FILE
 
@@ -97,6 +97,6 @@ class HostsGuard:
         if have == text or (have is None and missing_ok):
             return
         what = "deleted" if have is None else "rewritten by something else"
-        self.log.warning("Mirror drift: %s was %s; handing %s to consumer %s again",
-                         self.hosts_dir / host / HOSTS_FILE, what, origin, self.consumer)
-        self.ctx.emit(SourceEvent(EventKind.DRIFTED, origin, source=self.name, consumer=self.consumer))
+        self.log.debug("Mirror drift: %s was %s (declared by %s)", self.hosts_dir / host / HOSTS_FILE, what, origin)
+        self.ctx.emit(SourceEvent(EventKind.DRIFTED, origin, source=self.name, consumer=self.consumer,
+                                  drift=Drift("file", str(self.hosts_dir / host / HOSTS_FILE), what)))
