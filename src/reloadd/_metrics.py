@@ -152,6 +152,10 @@ class ReloaderCollector(Collector):
                 "files, as the consumer counts them; run `reloadd reload --confirm-prune` or bring the input back.",
                 labels=lab),
             "prune_paths": GaugeMetricFamily("reloadd_prune_held_paths", "Paths whose removal is held.", labels=lab),
+            "leader": GaugeMetricFamily(
+                "reloadd_leader", "1 while the consumer may act: it holds its Lease (leader_elect) or needs none; "
+                "0 while it stands by.",
+                labels=lab),
             "drift": CounterMetricFamily(
                 "reloadd_drift", "Drift events the consumer's far-side sources saw (images removed, objects "
                 "edited, hosts.toml rewritten), per kind.", labels=["consumer", "kind"]),
@@ -179,6 +183,7 @@ class ReloaderCollector(Collector):
             fam["prune_paths"].add_metric([name], c.prune_held_paths)
             fam["held"].add_metric([name], c.held_paths)
             fam["drifted"].add_metric([name], c.drifted)
+            fam["leader"].add_metric([name], c.stats.get("leader", 1.0))
             for kind, n in sorted(c.drift_total.items()):
                 fam["drift"].add_metric([name, kind], n)
             for key, value in sorted(c.stats.items()):

@@ -560,6 +560,7 @@ class Reloader:
                     "settling": engine.agg.count(name),
                     "held": self._held_status(engine, name),
                     **q.status(),
+                    "note": _note(slot.consumer),
                     "drift_mode": slot.drift.mode.value,
                     "drift": _drift_status(slot.drift, self._clock()),
                 }
@@ -616,6 +617,15 @@ class Reloader:
         if self._engine is None:
             raise RuntimeError("the reloader has not started")
         return self._engine
+
+
+def _note(consumer: Consumer) -> str | None:
+    """A consumer's own one-line state for status (``status_note``, e.g. a standby's leader), if it has one."""
+    try:
+        note = getattr(consumer, "status_note", None)
+    except Exception as exc:  # a plugin bug must not break status
+        return f"status_note failed: {exc}"
+    return note if isinstance(note, str) else None
 
 
 def _drift_status(book: DriftBook, now: float) -> list[dict[str, Any]]:

@@ -157,6 +157,8 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
         lines.append("")
         lines.append(f"consumer {name} ({c.get('plugin', '?')})")
         lines.append(f"  roots:     {', '.join(c.get('roots', [])) or '-'}")
+        if c.get("note"):
+            lines.append(f"  state:     {c['note']}")
         lines.append(
             f"  paths:     {c.get('records', 0)} known, {c.get('settling', 0)} settling, "
             f"{len(c.get('pending', []))} pending, {len(c.get('in_flight', []))} in flight, "

@@ -131,8 +131,13 @@ class KubeCluster:
         workdir: Path | None = None,
         controllers: Sequence[str] = ("namespace", "garbagecollector"),
         startup_timeout: float = 90.0,
+        users: Sequence[str] = (),
+        audit: bool = False,
     ) -> None:
         self.bin_dir = bin_dir or kube_bin_dir()
+        self.users = {u: f"{u}-" + secrets.token_hex(16) for u in users}
+        """Extra users (group system:masters), each with its own token: several clients told apart in the audit log."""
+        self.audit = audit
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="reloadd-kube-", dir=_fast_tmp()))
         self.controllers = tuple(controllers)
@@ -172,6 +177,31 @@ class KubeCluster:
         """Kubeconfig authenticating with a client certificate (``system:masters``)."""
         return self.workdir / "cert.kubeconfig"
 
+    def kubeconfig_for(self, user: str) -> Path:
+        """The kubeconfig of one of the extra ``users``."""
+        return self.workdir / f"kubeconfig-{user}"
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log (JSON lines), with ``audit=True``."""
+        return self.workdir / "audit.log"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """Every audit event so far (stage ResponseComplete or Panic)."""
+        out = []
+        try:
+            text = self.audit_log.read_text()
+        except FileNotFoundError:
+            return []
+        for line in text.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            if event.get("stage") in ("ResponseComplete", "Panic"):
+                out.append(event)
+        return out
+
     def log_file(self, component: str) -> Path:
         """The log file of ``etcd``, ``kube-apiserver`` or ``kube-controller-manager``."""
         return self.workdir / f"{component}.log"
@@ -204,7 +234,15 @@ class KubeCluster:
         (self.workdir / "tokens.csv").write_text(
             f"{self.admin_token},admin,uid-admin,system:masters\n"
             f'{self.restricted_token},{RESTRICTED_USER},uid-{RESTRICTED_USER},"{RESTRICTED_GROUP}"\n'
+            + "".join(f"{token},{user},uid-{user},system:masters\n" for user, token in self.users.items())
         )
+        audit_flags: list[str] = []
+        if self.audit:
+            policy = self.workdir / "audit-policy.yaml"
+            policy.write_text("apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n"
+                              "rules:\n  - level: Metadata\n")
+            audit_flags = [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                           "--audit-log-format=json", "--audit-log-mode=blocking"]
         self._spawn("etcd", [
             "etcd", "--name=default", f"--data-dir={self.workdir / 'etcd'}",
             f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
@@ -227,12 +265,14 @@ class KubeCluster:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-cluster-ip-range=10.0.0.0/16",
             "--disable-admission-plugins=ServiceAccount", "--allow-privileged=true",
-            "--endpoint-reconciler-type=none", "--profiling=false", "-v=1",
+            "--endpoint-reconciler-type=none", "--profiling=false", "-v=1", *audit_flags,
         ])
         self.kubeconfig.write_text(_kubeconfig(self.server, self.ca_file, {"token": self.admin_token}))
         self.restricted_kubeconfig.write_text(
             _kubeconfig(self.server, self.ca_file, {"token": self.restricted_token})
         )
+        for user, token in self.users.items():
+            self.kubeconfig_for(user).write_text(_kubeconfig(self.server, self.ca_file, {"token": token}))
         self.cert_kubeconfig.write_text(_kubeconfig(self.server, self.ca_file, {
             "client-certificate": str(pki / "admin.crt"), "client-key": str(pki / "admin.key"),
         }))

@@ -117,11 +117,11 @@ class Applier:
         return read_parent(obj, self.settings.namespace), uid
 
     async def _write_parent(
-        self, name: str, gks: set[str], nss: set[str], source: str, sha: str, inventory: set[ObjRef]
+        self, name: str, gks: set[str], nss: set[str], source: str, sha: str, inventory: set[ObjRef], key: str = ""
     ) -> None:
         body = parent_body(
             name, self.settings.namespace, tooling=self.tooling, group_kinds=gks, namespaces=nss,
-            source=source, sha256=sha, inventory=inventory,
+            source=source, sha256=sha, inventory=inventory, key=key,
         )
         await self.client.apply(self._parent_path(name), body, manager=self.settings.field_manager,
                                 force=True, dry_run=self.settings.dry_run)
@@ -294,7 +294,7 @@ class Applier:
             new_gks <= old.group_kinds and new_nss <= old.namespaces and desired <= old.inventory
         ):
             await self._write_parent(name, old.group_kinds | new_gks, old.namespaces | new_nss, source,
-                                     old.sha256, old.inventory | desired)
+                                     old.sha256, old.inventory | desired, key)
         await self._apply_all(plans, set_id, out)
         final_gks, final_nss = old.group_kinds | new_gks, old.namespaces | new_nss
         final_inventory = old.inventory | desired  # until pruning proves the rest gone
@@ -319,7 +319,7 @@ class Applier:
             out.transient.extend(scan.waiting)  # kept in the parent below, looked at again on the retry
             if not errors and not scan.waiting:
                 final_gks, final_nss, final_inventory = new_gks, new_nss, desired
-        await self._write_parent(name, final_gks, final_nss, source, manifest.sha256, final_inventory)
+        await self._write_parent(name, final_gks, final_nss, source, manifest.sha256, final_inventory, key)
         return out
 
     async def members(self, key: str) -> set[ObjRef]:

@@ -144,8 +144,9 @@ def parent_body(
     source: str,
     sha256: str,
     inventory: Iterable[ObjRef],
+    key: str = "",
 ) -> dict[str, Any]:
-    """The apply body of a parent ConfigMap."""
+    """The apply body of a parent ConfigMap (``key``: the file's ApplySet key, ``<consumer>:<relative path>``)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -164,5 +165,6 @@ def parent_body(
             "sha256": sha256,
             "namespaces": ",".join(sorted(set(namespaces))),
             "inventory": "".join(f"{ref}\n" for ref in sorted(set(inventory))),
+            **({"key": key} if key else {}),
         },
     }

@@ -158,6 +158,9 @@ class KubeClient:
         max_delay: Cap on any one delay, ``Retry-After`` included.
         timeout: Seconds for one HTTP exchange.
         sleep: Injectable for tests.
+        fence: Asked before every write (POST, PUT, PATCH, DELETE; dry runs too); a write it refuses
+            raises :class:`ApiUnavailable` unsent (leader election: a standby, or a leader past its
+            renew deadline, writes nothing).
     """
 
     def __init__(
@@ -171,8 +174,10 @@ class KubeClient:
         max_delay: float = 30.0,
         timeout: float = 30.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        fence: Callable[[], bool] | None = None,
     ) -> None:
         self.config = config
+        self.fence = fence
         self.user_agent = user_agent
         self.attempts = attempts
         self.drop_limit = drop_limit
@@ -233,6 +238,9 @@ class KubeClient:
         while True:
             attempt += 1
             delay: float | None
+            if self.fence is not None and method != "GET" and not self.fence():
+                raise ApiUnavailable(f"{method} {path}: not sent: this process does not hold the Lease (standby)",
+                                     "standby")
             headers = {"Accept": "application/json"}
             if data is not None:
                 headers["Content-Type"] = content_type

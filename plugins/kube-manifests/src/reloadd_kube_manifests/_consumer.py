@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -61,11 +63,12 @@ from reloadd import (
 )
 
 from ._apply import Applier
-from ._applyset import LABEL_PART_OF, ObjRef, parent_name
+from ._applyset import LABEL_MANAGED_BY, LABEL_PART_OF, ObjRef, parent_name
 from ._client import KubeClient
 from ._discovery import Discovery
 from ._events import record_event
 from ._kubeconfig import load_cluster_config
+from ._lease import LeaderElector, LeaseSettings
 from ._ledger import Ledger, ref_of
 from ._manifests import Manifest, ManifestError, load_manifest
 from ._moves import MoveGrace
@@ -86,6 +89,8 @@ _EVENT_AFTER_RETRIES = 3
 PASS_WINDOW = 2.0
 """Seconds within which removals count as one pass for ``max_prune``: a burst the engine hands over in several
 batches (their settle times differ by milliseconds) is one pass; files deleted one by one are not."""
+_STANDBY_RECHECK = 30.0
+"""Seconds a standby defers a change before looking again (becoming the leader hands everything over at once)."""
 _MAX_HELD_EVENTS = 20
 """Parents that get a Warning Event when removals are held at once (the rest are in the log line)."""
 
@@ -101,7 +106,7 @@ class _WatchFactory:
     def __call__(self, ctx: SourceContext) -> ObjectWatch:
         c = self.consumer
         c._watch = ObjectWatch(ctx, consumer=c.name, ledger=c.ledger, connect=c._connected, mode=c.ctx.drift,
-                               report=c._report_drift, stats=c.stats)
+                               report=c._report_drift, stats=c.stats, active=lambda: not c._standing_by())
         return c._watch
 
 
@@ -133,6 +138,11 @@ class KubeManifestsConsumer(BaseConsumer):
         self.ledger = Ledger(settings.field_manager, on_change=self._members_changed)
         self._watch: ObjectWatch | None = None
         self._ledger_loaded = False
+        self.elector: LeaderElector | None = None
+        self._electing: asyncio.Task[None] | None = None
+        self._foreign_task: asyncio.Task[None] | None = None
+        self.foreign: list[tuple[str, str]] = []
+        """ApplySets of this consumer whose file this folder lacks: (key, parent name)."""
         self._files = asyncio.Semaphore(settings.concurrency)  # files applied at once, across batches
         self.stats: dict[str, float] = {
             "files_applied": 0, "files_removed": 0, "files_failed": 0, "removals_deferred": 0,
@@ -182,9 +192,22 @@ class KubeManifestsConsumer(BaseConsumer):
         if self.settings.resync_interval > 0 and self._resync is None:
             self._resync = asyncio.create_task(self._resync_loop(), name=f"reloadd-{self.name}-resync")
 
-    async def _connect(self) -> None:
+    async def _connect(self, elect: bool = True) -> None:
         config = await asyncio.to_thread(load_cluster_config, self.settings.kubeconfig, self.settings.context)
-        self.client = KubeClient(config, user_agent=f"reloadd/{_VERSION} (kube-manifests)")
+        s = self.settings
+        if s.leader_elect and elect and self.elector is None:
+            # Its own client (own connections, short timeout, no retry): lease traffic never waits behind applies.
+            lease_client = KubeClient(config, user_agent=f"reloadd/{_VERSION} (kube-manifests lease)", attempts=1,
+                                      timeout=max(1.0, s.renew_deadline / 2))
+            name = s.lease_name or "reloadd-" + re.sub(r"[^a-z0-9.-]+", "-", self.name.lower()).strip("-.")
+            self.elector = LeaderElector(
+                lease_client, LeaseSettings(name, s.lease_namespace or s.namespace, s.lease_duration,
+                                            s.renew_deadline, s.retry_period),
+                on_started=self._became_leader, on_stopped=self._stood_by, logger=self.log)
+            self.stats["leader"] = 0
+            self._electing = asyncio.create_task(self.elector.run(), name=f"reloadd-{self.name}-lease")
+        fence = self.elector.may_write if self.elector is not None else None
+        self.client = KubeClient(config, user_agent=f"reloadd/{_VERSION} (kube-manifests)", fence=fence)
         self.discovery = Discovery(self.client)
         self.applier = Applier(
             self.client, self.discovery, self.settings, default_namespace=config.namespace,
@@ -229,8 +252,77 @@ class KubeManifestsConsumer(BaseConsumer):
             self.log.debug("Resync: re-applying every manifest")
             self.ctx.trigger(None)
 
+    # --- leader election ---------------------------------------------------------------------------
+    def _became_leader(self) -> None:
+        """Leader now: a forced pass over every file (edits made while standing by are applied), and a look for
+        ApplySets of files this folder lacks (another node's: never pruned by this one)."""
+        self.stats["leader"] = 1
+        self.ctx.trigger(None)
+        self._foreign_task = asyncio.get_running_loop().create_task(self._find_foreign())
+
+    async def _find_foreign(self) -> None:
+        """List the parents of this consumer's ApplySets whose file this process has not got (status names them)."""
+        if self.client is None:
+            return
+        try:
+            listed = await self.client.get(f"/api/v1/namespaces/{self.settings.namespace}/configmaps",
+                                           {"labelSelector": f"{LABEL_MANAGED_BY}=reloadd"})
+        except ReloaddError as exc:
+            self.log.debug("Cannot list ApplySet parents: %s", exc)
+            return
+        ours = {self.key(p) for p in await asyncio.to_thread(self._present_files)} | {
+            self.key(p) for p in self.ctx.records}
+        foreign = []
+        for item in (listed or {}).get("items") or ():
+            key = str((item.get("data") or {}).get("key") or "")
+            if key.startswith(f"{self.name}:") and key not in ours:
+                foreign.append((key, str((item.get("metadata") or {}).get("name"))))
+        self.foreign = sorted(foreign)
+        if self.foreign:
+            self.log.warning(
+                "%d ApplySet(s) of files this folder lacks (another node's copy had them): %s; their objects are "
+                "not pruned by this node (see the README: foreign ApplySets)", len(self.foreign),
+                ", ".join(f"{k} (parent {self.settings.namespace}/{n})" for k, n in self.foreign[:10]))
+
+    def _present_files(self) -> list[Path]:
+        out = []
+        for root in self.roots:
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+                out += [p for f in filenames if self.accepts(p := Path(dirpath) / f)]
+        return out
+
+    def _stood_by(self) -> None:
+        self.stats["leader"] = 0
+
+    @property
+    def status_note(self) -> str | None:
+        """``standby (leader: <identity>, since …)`` while another process holds the Lease (status shows it)."""
+        e = self.elector
+        if e is None:
+            return None
+        if e.may_write():
+            foreign = (f"; {len(self.foreign)} foreign ApplySet(s), not pruned: "
+                       + ", ".join(k for k, _ in self.foreign[:5])) if self.foreign else ""
+            return f"leader (Lease {e.settings.namespace}/{e.settings.name}, as {e.identity}){foreign}"
+        since = time.strftime("%H:%M:%S", time.localtime(e.holder_since)) if e.holder_since else "?"
+        return f"standby (leader: {e.holder or 'none'}, since {since}; Lease {e.settings.namespace}/{e.settings.name})"
+
+    def _standing_by(self) -> bool:
+        return self.elector is not None and not self.elector.may_write()
+
     async def close(self) -> None:
-        """Stop the resync timer and the move-grace timers, and close the HTTP connection pool."""
+        """Stop the resync timer and the move-grace timers, release the Lease, and close the HTTP connection pool."""
+        if self._foreign_task is not None:
+            self._foreign_task.cancel()
+        if self._electing is not None:
+            self._electing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._electing
+            self._electing = None
+        if self.elector is not None:
+            await self.elector.release()
+            await self.elector.client.close()
         self._moves.close()
         if self._resync is not None:
             self._resync.cancel()
@@ -299,7 +391,11 @@ class KubeManifestsConsumer(BaseConsumer):
 
     # --- handling ------------------------------------------------------------------------------------
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
-        """Apply existing files (concurrently), then remove deleted ones."""
+        """Apply existing files (concurrently), then remove deleted ones; a standby defers everything."""
+        if self._standing_by():
+            # Not acknowledged: becoming the leader hands every file over again (forced), these included.
+            why = self.status_note or "standby"
+            return {c.path: Retry(why, after=_STANDBY_RECHECK, failure=False) for c in batch.changes}
         try:
             applier = await self._ready()
         except TransientError as exc:
@@ -359,7 +455,7 @@ class KubeManifestsConsumer(BaseConsumer):
         Nothing is written: every apply carries ``dryRun=All`` and deletes are only listed.
         """
         if self.applier is None:
-            await self._connect()
+            await self._connect(elect=False)  # planning reads: no election
         applier = await self._ready()
         paths: dict[Path, Change] = {}
         for c in batch.changes:
@@ -398,7 +494,7 @@ class KubeManifestsConsumer(BaseConsumer):
         ledger of these files' records.
         """
         if self.applier is None:
-            await self._connect()
+            await self._connect(elect=False)
         await self._ready()
         assert self.client is not None and self.discovery is not None
         wanted = set(paths)

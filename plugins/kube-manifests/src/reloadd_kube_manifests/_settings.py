@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reloadd import Options
+from reloadd import ConfigError, Options
+
+from ._lease import LeaseSettings
 
 __all__ = ["MAX_CONCURRENCY", "MAX_FILE_SIZE", "MAX_PARALLEL", "MAX_PRUNE", "Settings"]
 
@@ -46,6 +48,13 @@ class Settings:
         max_prune: Deleted files whose removals would delete more than this many objects in one pass
             are held (prune safety) until ``reloadd reload --confirm-prune`` or until they come back;
             ``None``: half of the objects the consumer applied, and at least 10; 0: no limit.
+        leader_elect: Apply and prune only while holding a Lease (several nodes watching copies of one
+            folder); the others stand by.
+        lease_name: The Lease (``None``: ``reloadd-<consumer name>``).
+        lease_namespace: Its namespace (``None``: ``namespace``).
+        lease_duration: Seconds a standby waits after it last saw the Lease change.
+        renew_deadline: Seconds the leader keeps trying to renew before it stops writing.
+        retry_period: Seconds between tries to acquire or renew.
     """
 
     kubeconfig: Path | None = None
@@ -62,6 +71,12 @@ class Settings:
     resync_interval: float = 0.0
     move_grace: float = 5.0
     max_prune: int | None = None
+    leader_elect: bool = False
+    lease_name: str | None = None
+    lease_namespace: str | None = None
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
 
     @classmethod
     def from_options(cls, table: Mapping[str, Any], where: str, base: Path | None = None) -> Settings:
@@ -82,6 +97,16 @@ class Settings:
             resync_interval=opts.duration("resync_interval", 0.0),
             move_grace=opts.duration("move_grace", 5.0),
             max_prune=opts.int("max_prune", None, minimum=0, maximum=MAX_PRUNE),
+            leader_elect=opts.bool("leader_elect", False),
+            lease_name=opts.str("lease_name"),
+            lease_namespace=opts.str("lease_namespace"),
+            lease_duration=opts.duration("lease_duration", 15.0),
+            renew_deadline=opts.duration("renew_deadline", 10.0),
+            retry_period=opts.duration("retry_period", 2.0),
         )
         opts.finish()
+        problem = LeaseSettings("x", "x", settings.lease_duration, settings.renew_deadline,
+                                settings.retry_period).problem()
+        if settings.leader_elect and problem is not None:
+            raise ConfigError(f"{where}: {problem}")
         return settings

@@ -65,6 +65,7 @@ class ObjectWatch:
         connect: Returns the consumer's client and discovery, connecting first if needed.
         mode: The consumer's ``drift`` mode.
         report: Called with (file, drift) in ``detect`` mode (the consumer records a Warning Event).
+        active: Whether drift is this process's to act on (a standby's is not: the leader's is).
     """
 
     name = "kube-watch"
@@ -72,13 +73,14 @@ class ObjectWatch:
     def __init__(self, ctx: SourceContext, *, consumer: str, ledger: Ledger,
                  connect: Callable[[], Awaitable[tuple[KubeClient, Discovery]]], mode: DriftMode,
                  report: Callable[[Path, Drift], Coroutine[Any, Any, None]] | None = None,
-                 stats: dict[str, float] | None = None) -> None:
+                 stats: dict[str, float] | None = None, active: Callable[[], bool] = lambda: True) -> None:
         self.ctx = ctx
         self.consumer = consumer
         self.ledger = ledger
         self.connect = connect
         self.mode = mode
         self.report = report
+        self.active = active
         self.log = logging.getLogger(f"reloadd.consumer.{consumer}.watch")
         self._changed = asyncio.Event()
         self._backoff = Backoff(0.5, 30.0)
@@ -94,6 +96,8 @@ class ObjectWatch:
 
     def emit(self, path: Path, drift: Drift, ref: ObjRef | None = None) -> None:
         """Hand one drift to the engine (and, in detect mode, report it once per object)."""
+        if not self.active():
+            return
         self.stats["watch_drifted"] += 1
         self.log.debug("Object drift: %s (declared by %s)", drift, path)
         self.ctx.emit(SourceEvent(EventKind.DRIFTED, path, source=self.name, consumer=self.consumer, drift=drift))
