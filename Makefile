@@ -10,7 +10,7 @@ export RELOADD_KUBE_BIN := $(KUBE_CACHE)
 export RELOADD_KUBECTL := $(KUBECTL_CACHE)/kubectl
 export RELOADD_CONTAINERD_CACHE := $(CONTAINERD_CACHE)
 
-.PHONY: install deps kube containerd-releases test check demo bench faults protos clean
+.PHONY: install deps kube containerd-releases test check demo bench faults protos clean image
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,10 @@ containerd-releases: deps
 
 test: deps kube containerd-releases install
 	$(BIN)/pytest -q -p no:cacheprovider
+
+# reloadd's OCI image archive, built offline from Debian packages and the project's wheels (reproducible).
+image: deps install
+	$(BIN)/python scripts/image/build_image.py build/reloadd-image.tar
 
 check: install
 	$(BIN)/ruff check src plugins tests bench examples

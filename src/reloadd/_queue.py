@@ -187,10 +187,15 @@ class WorkQueue:
         return any(i.last_error is None and i.deferred is None for i in self._items.values())
 
     def oldest_age(self) -> float:
-        """Seconds the oldest waiting path has waited (0 when none)."""
-        if not self._items:
+        """Seconds the oldest waiting path has waited (0 when none).
+
+        Paths the consumer deferred on purpose (``Retry(failure=False)``: a move grace, a standby waiting
+        for the Lease) are not waiting on reloadd, so they do not count: a standby stays ready.
+        """
+        waiting = [i.since for i in self._items.values() if i.deferred is None or i.last_error is not None]
+        if not waiting:
             return 0.0
-        return max(0.0, self._clock() - min(i.since for i in self._items.values()))
+        return max(0.0, self._clock() - min(waiting))
 
     def queued_fingerprint(self, key: str, default: object = None) -> object:
         """What is queued or in flight for ``key`` (``default`` when nothing).

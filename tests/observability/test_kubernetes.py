@@ -14,6 +14,7 @@ import yaml
 from reloadd import Reloader, load_config
 from reloadd._services import services
 from tests.kube.apiserver import KubeCluster
+from tests.kube_manifests._corpus import Kubectl
 
 from .support import eventually, sample, scrape, write_config
 
@@ -66,6 +67,12 @@ async def test_manifests_pass_server_side_dry_run(kube: KubeCluster) -> None:
         assert status in (200, 201), f"{obj['kind']} {obj['metadata']['name']}: {status} {body}"
     ds = next(o for o in objs if o["kind"] == "DaemonSet")
     assert await asyncio.to_thread(kube.get, url(ds)) is None  # a dry run persists nothing
+
+    # As an operator runs it: the whole kustomization through kubectl (Debian's v1.20.2), server-side dry run.
+    kubectl = Kubectl(kube.kubeconfig, kube.workdir / "kubectl-cache")
+    out = await kubectl("apply", "--dry-run=server", "-k", str(EXAMPLES))
+    assert "daemonset.apps/reloadd" in out and "(server dry run)" in out, out
+    assert await asyncio.to_thread(kube.get, url(ds)) is None
 
     # the probes point at the endpoints reloadd serves, and the config they use is valid
     pod = ds["spec"]["template"]["spec"]

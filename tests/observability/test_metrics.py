@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -194,6 +195,28 @@ async def test_a_prune_hold_is_counted_and_alerted_on_while_readyz_stays_ready(
     for rule in rules["groups"][0]["rules"]:
         used = set(re.findall(r"\breloadd_[a-z_]+", rule["expr"]))
         assert used and used <= exported, (rule["alert"], used - exported)
+
+
+async def test_every_metric_the_dashboard_and_alerts_query_is_exported(
+    running: tuple[Reloader, Services, str]
+) -> None:
+    """examples/grafana and examples/prometheus query only what the daemon declares (a renamed metric breaks here)."""
+    _r, _, base = running
+    status, _, body = await http_get(base + "/metrics")
+    assert status == 200
+    declared: set[str] = set()
+    for line in body.decode().splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            declared |= {name, f"{name}_total"} if kind == "counter" else {name}
+    root = Path(__file__).parents[2] / "examples"
+    dashboard = json.loads((root / "grafana/reloadd-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = yaml.safe_load((root / "prometheus/reloadd-alerts.yaml").read_text())
+    exprs += [rule["expr"] for rule in rules["groups"][0]["rules"]]
+    used = {m for e in exprs for m in re.findall(r"\b(?:reloadd|process)_[a-z_]+", e)}
+    assert {"reloadd_leader", "reloadd_drift_total", "reloadd_drifted_paths", "reloadd_prune_held_paths"} <= used
+    assert used - declared == set(), used - declared
 
 
 async def test_readyz_turns_ready_only_after_the_initial_pass(tmp_path: Path, watched: Path) -> None:

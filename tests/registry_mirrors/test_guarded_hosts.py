@@ -33,14 +33,15 @@ async def test_a_deleted_or_rewritten_hosts_toml_comes_back_and_our_own_writes_a
         assert events[DRIFTS] == 0
 
         hosts_toml.unlink()  # a clean-up script
-        await until(lambda: hosts_toml.exists() and hosts_toml.read_bytes() == good, what="the file put back")
+        await until(lambda: hosts_toml.exists() and hosts_toml.read_bytes() == good, timeout=2.0,
+                    what="the file put back within 2 s")
         assert events[DRIFTS] >= 1
         assert any(b.reason.value == "drift" for b in run.batches_for(drop))
 
         tmp = hosts_toml.with_name(".edit")
         tmp.write_text('server = "https://registry.example.com"\n')  # configuration management's own version
         os.replace(tmp, hosts_toml)
-        await until(lambda: hosts_toml.read_bytes() == good, what="the rewrite undone")
+        await until(lambda: hosts_toml.read_bytes() == good, timeout=2.0, what="the rewrite undone within 2 s")
         await run.reloader.wait_idle(15)
 
         seen = events[DRIFTS]
