@@ -80,3 +80,15 @@ def test_records_restore_the_baseline_and_old_records_are_named() -> None:
     taken = obj(11, [entry("someone", OURS, "Update")])
     got = ledger.judge("MODIFIED", REF, taken)
     assert got is not None and "taken over" in got[1].why and got[1].by == "someone (Update)"
+
+
+def test_a_huge_field_set_keeps_only_its_hash() -> None:
+    """A CRD's schema is owned field by field: the ledger keeps its hash, not the tree, and still sees drift."""
+    ledger = Ledger("reloadd")
+    huge = {"f:spec": {f"f:p{i}": {} for i in range(3000)}}
+    ledger.applied(FILE, "set-1", {REF: obj(10, [entry("reloadd", huge)])})
+    assert ledger.members[REF].fields is None and ledger.members[REF].owned is not None
+    smaller = {"f:spec": {f"f:p{i}": {} for i in range(2999)}}
+    got = ledger.judge("MODIFIED", REF, obj(11, [entry("reloadd", smaller), entry("edit", {"f:spec": {"f:p2999": {}}},
+                                                                                  "Update")]))
+    assert got is not None and got[1].why == "fields reloadd applies changed" and got[1].by == "edit (Update)"

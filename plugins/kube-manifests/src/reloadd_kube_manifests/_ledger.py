@@ -31,6 +31,9 @@ from ._discovery import split_api_version
 
 __all__ = ["Ledger", "Member", "field_paths", "owned_entry", "owned_hash"]
 
+_MAX_KEPT_FIELDS = 16 << 10
+"""Bytes of reloadd's fields kept in memory per object (to name what changed); larger ones keep only the hash."""
+
 
 def owned_entry(obj: Mapping[str, Any], manager: str) -> Mapping[str, Any] | None:
     """The ``fieldsV1`` of ``manager``'s ``Apply`` entry of ``obj`` (``None``: it owns nothing there)."""
@@ -182,8 +185,10 @@ class Ledger:
         """
         refs: dict[ObjRef, tuple[str | None, Mapping[str, Any] | None, int | None]] = {}
         for ref, obj in answers.items():
-            refs[ref] = (owned_hash(obj, self.manager), owned_entry(obj, self.manager),
-                         _rv((obj.get("metadata") or {}).get("resourceVersion")))
+            fields = owned_entry(obj, self.manager)
+            if fields is not None and len(json.dumps(fields, separators=(",", ":"))) > _MAX_KEPT_FIELDS:
+                fields = None  # a CRD's schema: too big to keep per object only to name what changed
+            refs[ref] = (owned_hash(obj, self.manager), fields, _rv((obj.get("metadata") or {}).get("resourceVersion")))
         self._set(path, applyset, refs)
         self.on_change()
         return {str(r): h for r, (h, _f, _rv) in sorted(refs.items()) if h is not None}
