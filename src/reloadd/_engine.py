@@ -296,6 +296,8 @@ class Engine:
                     if reason is Reason.DRIFT:
                         s.drift.correcting(key)
                     self.agg.observe((s.name, key), now, reason=reason, forced=True)
+                elif reason is Reason.DRIFT:
+                    s.drift.forget(key)  # the file went while its correction waited: nothing to guard
 
     def _drifted(self, ev: SourceEvent, now: float) -> None:
         """A far-side source saw what a file declared drift: correct it now, later (a fight), or only note it."""
