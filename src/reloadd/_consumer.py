@@ -18,6 +18,7 @@ next pass would change, without changing it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,8 +26,9 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ._errors import PlanUnsupportedError
+from ._outcomes import result_of
 from ._sources.base import Source, SourceContext
-from ._types import Batch, DriftMode, PathRecord, Plan, Result
+from ._types import Batch, Change, DriftMode, PathRecord, Plan, Result
 
 __all__ = [
     "BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory", "DriftPlanner", "Planner", "PruneAware",
@@ -223,8 +225,29 @@ class BaseConsumer:
         return ()
 
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
-        """Subclasses must implement this."""
-        raise NotImplementedError
+        """Hand each change of the batch to :meth:`handle_one`, all at once, and report each as it settles.
+
+        The per-path fan-out every per-file consumer needs, done once here: a path whose
+        ``handle_one()`` raised gets the core's result for the exception (``PermanentError``
+        rejects, anything else retries; see :func:`reloadd._outcomes.result_of`) and the others
+        go on; each path is reported (:meth:`Batch.report`) as soon as it is done, so a slow
+        one delays no other. Limit how many run at once in ``handle_one`` if that matters.
+        Consumers that act on a batch as a whole override this instead.
+        """
+        async def one(change: Change) -> Result:
+            try:
+                result = await self.handle_one(change)
+            except Exception as exc:
+                result = result_of(exc, self.name, change.path)
+            batch.report(change.path, result)
+            return result
+
+        results = await asyncio.gather(*(one(c) for c in batch.changes))
+        return dict(zip(batch.paths, results, strict=True))
+
+    async def handle_one(self, change: Change) -> Result:
+        """Act on one change (used by the default :meth:`handle`); override this or :meth:`handle`."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither handle() nor handle_one()")
 
     async def plan(self, batch: Batch) -> Plan:
         """Cannot plan unless overridden (see :class:`Planner`).

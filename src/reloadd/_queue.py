@@ -21,10 +21,11 @@ from typing import Any
 from ._backoff import Backoff
 from ._consumer import Consumer
 from ._drift import DriftBook
-from ._errors import ConsumerError, PermanentError, StateError
+from ._errors import ConsumerError, StateError
 from ._filters import PathFilter
 from ._holds import HeldRemovals
 from ._item import Item
+from ._outcomes import result_of
 from ._prune import PruneGuard
 from ._state import RecordStore
 from ._types import Ack, Batch, Change, ChangeKind, Fingerprint, Hold, PathRecord, Reason, Reject, Result, Retry
@@ -526,18 +527,8 @@ class WorkQueue:
         return results
 
     def _map_error(self, exc: Exception, path: Path) -> Result:
-        """The core's error policy: :class:`PermanentError` rejects, anything else retries.
-
-        Expected failures (the :class:`ConsumerError` tree) are logged as one line by
-        :meth:`_apply`, their traceback only at DEBUG; anything else is a bug worth a
-        traceback at ERROR.
-        """
-        if isinstance(exc, ConsumerError):
-            log.debug("Consumer %s raised for %s", self.consumer.name, path, exc_info=exc)
-            error = str(exc) or type(exc).__name__
-            return Reject(error) if isinstance(exc, PermanentError) else Retry(error)
-        log.error("Failed to handle %s in consumer %s: %s", path, self.consumer.name, exc, exc_info=exc)
-        return Retry(f"{type(exc).__name__}: {exc}")
+        """The core's error policy (:func:`reloadd._outcomes.result_of`)."""
+        return result_of(exc, self.consumer.name, path)
 
     def _apply(self, item: Item, change: Change, result: Result | None) -> None:
         path = item.key

@@ -7,7 +7,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from reloadd import (
@@ -225,22 +225,20 @@ class ContainerdImagesConsumer(BaseConsumer):
         labels[SOURCE_LABEL] = str(path)
         return labels
 
-    async def handle(self, batch: Batch) -> Mapping[Path, Result]:
-        """Import, pull or release each path of the batch (up to ``concurrency`` at once)."""
-        async def settle(change: Change) -> Result:
-            self._busy[change.path] = self._busy.get(change.path, 0) + 1
-            try:
-                result = await self._one(change)
-                batch.report(change.path, result)  # done: a slow import of this batch delays no other file
-            finally:
-                if (n := self._busy.pop(change.path) - 1) > 0:
-                    self._busy[change.path] = n
-                elif self._events is not None:
-                    self._events.settled(change.path)
-            return result
+    async def handle_one(self, change: Change) -> Result:
+        """Import, pull or release one path (up to ``concurrency`` at once, across batches).
 
-        results = await asyncio.gather(*(settle(c) for c in batch.changes))
-        return dict(zip(batch.paths, results, strict=True))
+        The core fans a batch out to this and reports each path as it is done; events about the
+        file's images that arrived meanwhile are judged once it is (see ``_events``).
+        """
+        self._busy[change.path] = self._busy.get(change.path, 0) + 1
+        try:
+            return await self._one(change)
+        finally:
+            if (n := self._busy.pop(change.path) - 1) > 0:
+                self._busy[change.path] = n
+            elif self._events is not None:
+                self._events.settled(change.path)
 
     async def _one(self, change: Change) -> Result:
         async with self._sem:
@@ -255,9 +253,7 @@ class ContainerdImagesConsumer(BaseConsumer):
             except TransientError as exc:
                 self.log.debug("Failed to handle %s", change.path, exc_info=True)  # the engine logs the Retry
                 return Retry(f"{change.path}: {exc}")
-            except Exception as exc:  # a failure nobody mapped: retry this path, keep the others going
-                self.log.exception("Failed to handle %s: %s", change.path, exc)
-                return Retry(f"{change.path}: unexpected {type(exc).__name__}: {exc}")
+            # Anything else is a bug: the core's fan-out maps it (Retry, logged with its traceback).
 
     # -- added / modified ----------------------------------------------------------------------
     async def _changed(self, change: Change) -> Result:
