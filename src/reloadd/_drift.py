@@ -103,8 +103,7 @@ class DriftBook:
         now = self._clock()
         self.total[drift.kind] += 1
         entry = self._open.get(path)
-        calm = entry is not None and entry.restored and (
-            now - entry.restored_at > max(FIGHT_WINDOW, 2 * self._delay(entry.corrections)))
+        calm = entry is not None and self._quiet(entry, now, FIGHT_WINDOW)
         if entry is None or calm:
             entry = self._open[path] = Drifted(path, drift, time.time(), last_at=now)
             what = "correcting it" if self.mode is DriftMode.CORRECT else "detect only: left as it is"
@@ -124,6 +123,10 @@ class DriftBook:
                         self.consumer, entry.corrections + 1, delay, drift, path,
                         f"; fighting {drift.by}" if drift.by else "; something keeps undoing it")
         return delay
+
+    def _quiet(self, entry: Drifted, now: float, window: float) -> bool:
+        """Restored, and left alone since for ``window`` seconds or twice its last backoff delay if longer."""
+        return entry.restored and now - entry.restored_at > max(window, 2 * self._delay(entry.corrections))
 
     def _delay(self, corrections: int) -> float:
         return 0.0 if corrections == 0 else self._backoff.delay(corrections)
@@ -161,8 +164,7 @@ class DriftBook:
         """Open episodes, oldest first: unrestored ones, and restored ones still within their quiet time."""
         now = self._clock()
         for path, entry in list(self._open.items()):
-            if entry.restored and entry.next_at is None and now - entry.restored_at > max(
-                    QUIET, 2 * self._delay(entry.corrections)):
+            if entry.next_at is None and self._quiet(entry, now, QUIET):
                 del self._open[path]
         return sorted(self._open.values(), key=lambda e: e.since)
 

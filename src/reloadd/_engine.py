@@ -308,9 +308,9 @@ class Engine:
             if not (key in s.records.by_str or s.owns(key)):
                 continue
             delay = s.drift.saw(key, ev.drift)
-            force = Force(s.name, (Path(key),), Reason.DRIFT)
             if delay is None:
                 continue
+            force = Force(s.name, (Path(key),), Reason.DRIFT)
             if delay <= 0:
                 self._force(force, now, Reason.DRIFT)
                 continue

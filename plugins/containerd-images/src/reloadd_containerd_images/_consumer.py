@@ -203,19 +203,8 @@ class ContainerdImagesConsumer(BaseConsumer):
             st = state_of(rec.data) if rec is not None else None
             if rec is None or st is None or rec.error or not path.exists():
                 continue
-            ns = CRI_NAMESPACE if st.kind == "list" else None
-            for _name, digest, refs in st.images:
-                for ref in refs:
-                    img = await self.client.get_image(ref, namespace=ns)
-                    why = None
-                    if img is None:
-                        why = "deleted"
-                    elif st.kind == "tar" and img.target.digest != digest:
-                        why = f"points at {img.target.digest}, not {digest}"
-                    elif self.settings.pin and img.labels.get(PIN_LABEL) != "pinned":
-                        why = "unpinned"
-                    if why is not None:
-                        out.setdefault(path, []).append(PlannedChange.drift(ref, why, "image"))
+            for ref, why, _ns in await self._drift_of(st):
+                out.setdefault(path, []).append(PlannedChange.drift(ref, why, "image"))
         return out
 
     def _plan_labels(self, path: Path) -> dict[str, str]:
@@ -438,20 +427,36 @@ class ContainerdImagesConsumer(BaseConsumer):
                 self.log.info("Deleting lease %s left by an interrupted import", lease)
                 await self.client.delete_lease(lease, sync=True)
 
-    async def _intact(self, path: Path, st: FileImages) -> bool:
+    async def _drift_of(self, st: FileImages) -> list[tuple[str, str, str | None]]:
+        """How a file's images differ in containerd from what it recorded: (ref, why, namespace), read-only.
+
+        ``why`` is ``unpinned`` when only the pin is missing (put back in place), else the image is gone
+        or changed (the file must be handled again).
+        """
         ns = CRI_NAMESPACE if st.kind == "list" else None
+        out: list[tuple[str, str, str | None]] = []
         for name, digest, refs in st.images:
-            if st.kind == "list":
-                if await self.client.cri_image_id(name) != digest:
-                    return False
+            if st.kind == "list" and (image_id := await self.client.cri_image_id(name)) != digest:
+                out.append((name, "deleted" if image_id is None else f"is {image_id}, not {digest}", ns))
+                continue
             for ref in refs:
                 img = await self.client.get_image(ref, namespace=ns)
-                if img is None or (st.kind == "tar" and img.target.digest != digest):
-                    return False
-                if self.settings.pin and img.labels.get(PIN_LABEL) != "pinned":
-                    await self.client.set_image_labels(
-                        ref, {PIN_LABEL: "pinned", SOURCE_LABEL: str(path)}, namespace=ns
-                    )
-                    self.stats["pins_restored"] += 1
-                    self.log.info("Restored pin of %s (from %s)", ref, path)
-        return True
+                if img is None:
+                    out.append((ref, "deleted", ns))
+                elif st.kind == "tar" and img.target.digest != digest:
+                    out.append((ref, f"points at {img.target.digest}, not {digest}", ns))
+                elif self.settings.pin and img.labels.get(PIN_LABEL) != "pinned":
+                    out.append((ref, "unpinned", ns))
+        return out
+
+    async def _intact(self, path: Path, st: FileImages) -> bool:
+        """Whether a file's images are all there (missing pins are put back here, as the only repair needed)."""
+        intact = True
+        for ref, why, ns in await self._drift_of(st):
+            if why != "unpinned":
+                intact = False
+                continue
+            await self.client.set_image_labels(ref, {PIN_LABEL: "pinned", SOURCE_LABEL: str(path)}, namespace=ns)
+            self.stats["pins_restored"] += 1
+            self.log.info("Restored pin of %s (from %s)", ref, path)
+        return intact

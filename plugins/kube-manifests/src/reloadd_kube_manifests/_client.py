@@ -241,12 +241,9 @@ class KubeClient:
             if self.fence is not None and method != "GET" and not self.fence():
                 raise ApiUnavailable(f"{method} {path}: not sent: this process does not hold the Lease (standby)",
                                      "standby")
-            headers = {"Accept": "application/json"}
+            headers = await self._headers()
             if data is not None:
                 headers["Content-Type"] = content_type
-            auth = await self.config.auth.header()
-            if auth:
-                headers["Authorization"] = auth
             self.stats["requests"] += 1
             try:
                 async with self._get_session().request(
@@ -289,6 +286,14 @@ class KubeClient:
             self.stats["retries"] += 1
             await self._sleep(min(delay, self.max_delay))
 
+    async def _headers(self) -> dict[str, str]:
+        """Accept JSON, with the current credentials (refreshed by the auth provider when due)."""
+        headers = {"Accept": "application/json"}
+        auth = await self.config.auth.header()
+        if auth:
+            headers["Authorization"] = auth
+        return headers
+
     async def _alive(self) -> bool:
         """Whether the server answers a cheap request (``/version``, readable by anyone) with any status.
 
@@ -317,10 +322,7 @@ class KubeClient:
             ApiError: an error status (410 when the ``resourceVersion`` is too old, 403...).
             ApiUnavailable: no connection, a dropped one, 429/5xx, or ``read_timeout`` seconds of silence.
         """
-        headers = {"Accept": "application/json"}
-        auth = await self.config.auth.header()
-        if auth:
-            headers["Authorization"] = auth
+        headers = await self._headers()
         self.stats["requests"] += 1
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout.total, sock_read=read_timeout)
         try:

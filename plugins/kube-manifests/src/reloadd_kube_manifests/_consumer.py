@@ -38,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from reloadd import (
     Ack,
@@ -63,19 +64,19 @@ from reloadd import (
 )
 
 from ._apply import Applier
-from ._applyset import LABEL_MANAGED_BY, LABEL_PART_OF, ObjRef, parent_name
+from ._applyset import LABEL_MANAGED_BY, ObjRef, parent_name
 from ._client import KubeClient
 from ._discovery import Discovery
 from ._events import record_event
 from ._kubeconfig import load_cluster_config
 from ._lease import LeaderElector, LeaseSettings
-from ._ledger import Ledger, ref_of
+from ._ledger import Ledger
 from ._manifests import Manifest, ManifestError, load_manifest
 from ._moves import MoveGrace
 from ._outcome import FileOutcome
 from ._preview import declared_refs, preview_apply, preview_remove
 from ._settings import Settings
-from ._watch import ObjectWatch
+from ._watch import ObjectWatch, list_members
 
 __all__ = ["KubeManifestsConsumer"]
 
@@ -501,26 +502,18 @@ class KubeManifestsConsumer(BaseConsumer):
         ledger = Ledger(self.settings.field_manager)
         ledger.load((p, r) for p, r in self.ctx.records.items() if p in wanted)
         found: dict[Path, list[PlannedChange]] = {}
+
+        def judge(event: str, ref: ObjRef, obj: Mapping[str, Any] | None) -> None:
+            got = ledger.judge(event, ref, obj)
+            if got is not None:
+                found.setdefault(got[0], []).append(PlannedChange.drift(got[1].what, got[1].why, got[1].kind,
+                                                                        got[1].by))
+
         for group, kind, ns in sorted(ledger.kinds()):
             res = await self.discovery.resolve_group_kind(group, kind)
-            if res is None:
-                continue
-            listed = await self.client.get(res.path(ns or None), {"labelSelector": LABEL_PART_OF})
-            seen: set[ObjRef] = set()
-            for item in (listed or {}).get("items") or ():
-                ref = ref_of(group, kind, item)
-                seen.add(ref)
-                self._planned(found, ledger.judge("MODIFIED", ref, item))
-            for ref in ledger.expected(group, kind, ns if res.namespaced else ""):
-                if ref not in seen:
-                    self._planned(found, ledger.judge("DELETED", ref, None))
+            if res is not None:
+                await list_members(self.client, res, group, kind, ns if res.namespaced else "", ledger, judge)
         return found
-
-    @staticmethod
-    def _planned(found: dict[Path, list[PlannedChange]], got: tuple[Path, Drift] | None) -> None:
-        if got is not None:
-            path, d = got
-            found.setdefault(path, []).append(PlannedChange.drift(d.what, d.why, d.kind, d.by))
 
     def _unchanged(self, change: Change) -> bool:
         """The test :meth:`_one` makes before applying: same content as applied last, without errors."""

@@ -33,7 +33,7 @@ from ._client import ApiError, ApiUnavailable, KubeClient
 from ._discovery import Discovery, Resource
 from ._ledger import Ledger, ref_of
 
-__all__ = ["ObjectWatch"]
+__all__ = ["ObjectWatch", "list_members"]
 
 _TIMEOUT = (300, 600)
 """The server ends each watch after a random number of seconds in this range (as client-go asks)."""
@@ -53,6 +53,27 @@ class _Target:
     @property
     def collection(self) -> str:
         return self.resource.path(self.namespace or None)
+
+
+async def list_members(client: KubeClient, resource: Resource, group: str, kind: str, namespace: str, ledger: Ledger,
+                       judge: Callable[[str, ObjRef, Mapping[str, Any] | None], None]) -> str:
+    """List the ApplySet members of one kind in one namespace (``""``: cluster-scoped) and hand ``judge`` each
+    listed object (as ``MODIFIED``) and each member the ledger expects that is missing (as ``DELETED``).
+
+    The first step of every watch (and of every relist), and what ``reloadd plan`` does to show drift.
+    Returns the list's resourceVersion.
+    """
+    listed = await client.get(resource.path(namespace or None), {"labelSelector": LABEL_PART_OF})
+    seen: set[ObjRef] = set()
+    for item in (listed or {}).get("items") or ():
+        if isinstance(item, Mapping):
+            ref = ref_of(group, kind, item)
+            seen.add(ref)
+            judge("MODIFIED", ref, item)
+    for ref in ledger.expected(group, kind, namespace):
+        if ref not in seen:
+            judge("DELETED", ref, None)
+    return str(((listed or {}).get("metadata") or {}).get("resourceVersion") or "")
 
 
 class ObjectWatch:
@@ -165,7 +186,7 @@ class ObjectWatch:
                 rv = None
             except (ApiUnavailable, ApiError) as exc:
                 failures += 1
-                if isinstance(exc, ApiError) and not isinstance(exc, ApiUnavailable):
+                if isinstance(exc, ApiError):
                     rv = None  # a definite answer (403, 404): start over after the backoff
                 delay = self._backoff.delay(failures)
                 level = logging.WARNING if failures == 3 else logging.DEBUG
@@ -174,19 +195,9 @@ class ObjectWatch:
                 await asyncio.sleep(delay)  # backoff between reconnects: nothing to await but time
 
     async def _list(self, client: KubeClient, t: _Target) -> str:
-        """List the target's members; judge each, and each expected member missing. Returns the list's RV."""
+        """List the target's members and judge them (see :func:`list_members`); the list's resourceVersion."""
         self.stats["watch_lists"] += 1
-        listed = await client.get(t.collection, {"labelSelector": LABEL_PART_OF})
-        seen: set[ObjRef] = set()
-        for item in (listed or {}).get("items") or ():
-            if isinstance(item, Mapping):
-                ref = ref_of(t.group, t.kind, item)
-                seen.add(ref)
-                self._judge("MODIFIED", ref, item)
-        for ref in self.ledger.expected(t.group, t.kind, t.namespace):
-            if ref not in seen:
-                self._judge("DELETED", ref, None)
-        return str(((listed or {}).get("metadata") or {}).get("resourceVersion") or "")
+        return await list_members(client, t.resource, t.group, t.kind, t.namespace, self.ledger, self._judge)
 
     async def _watch(self, client: KubeClient, t: _Target, rv: str) -> str:
         """Watch from ``rv`` until the server ends the stream; the last resourceVersion seen."""

@@ -36,7 +36,7 @@ from ._guard import HostsGuard
 from ._inputs import FOLLOW_INSIDE, FOLLOW_ROOT_OWNED, Inputs, Outcome, evaluate, read_snapshot
 from ._model import Diagnostic
 from ._notify import Notifier, NotifyError
-from ._write import HOSTS_FILE, ApplyResult, Step, apply, decide
+from ._write import HOSTS_FILE, ApplyResult, Step, apply, decide, read_hosts_file
 
 __all__ = ["MAX_FILE_SIZE", "RegistryMirrorsConsumer", "Settings"]
 
@@ -299,7 +299,7 @@ class RegistryMirrorsConsumer(BaseConsumer):
                 if text is None or outcome.rendered.origins.get(host) != path:
                     continue  # no longer declared by it: the plan lists the removal
                 target = self.settings.hosts_dir / host / HOSTS_FILE
-                have = await asyncio.to_thread(_read_bytes, target)
+                have = await asyncio.to_thread(read_hosts_file, target.parent)
                 if have != text.encode():
                     why = "deleted" if have is None else "rewritten by something else"
                     out.setdefault(path, []).append(PlannedChange.drift(str(target), why, "file"))
@@ -377,13 +377,6 @@ def _files_digest(files: Mapping[str, str]) -> str:
     for host in sorted(files):
         h.update(host.encode() + b"\0" + files[host].encode() + b"\0")
     return h.hexdigest()
-
-
-def _read_bytes(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return None
 
 
 def _read_text(path: Path) -> str | None:

@@ -20,7 +20,7 @@ from asyncinotify import Inotify, Mask
 
 from reloadd import Drift, EventKind, SourceContext, SourceEvent, TransientError
 
-from ._write import HOSTS_FILE
+from ._write import HOSTS_FILE, read_hosts_file
 
 __all__ = ["HostsGuard"]
 
@@ -90,10 +90,7 @@ class HostsGuard:
         if want is None:
             return  # not a host reloadd declares (another tool's, or held by prune safety)
         text, origin = want
-        try:
-            have: bytes | None = (self.hosts_dir / host / HOSTS_FILE).read_bytes()
-        except OSError:
-            have = None
+        have = read_hosts_file(self.hosts_dir / host)
         if have == text or (have is None and missing_ok):
             return
         what = "deleted" if have is None else "rewritten by something else"

@@ -27,7 +27,7 @@ from reloadd import StateError, atomic_write
 from ._hosts import host_dir_name
 from ._render import HEADER
 
-__all__ = ["ApplyResult", "Step", "apply", "check_text", "decide", "is_owned"]
+__all__ = ["ApplyResult", "Step", "apply", "check_text", "decide", "is_owned", "read_hosts_file"]
 
 HOSTS_FILE = "hosts.toml"
 
@@ -65,7 +65,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _read_hosts_file(directory: Path) -> bytes | None:
+def read_hosts_file(directory: Path) -> bytes | None:
     """Content of ``directory/hosts.toml`` if it is a regular file (symlinks not followed)."""
     try:
         fd = os.open(directory / HOSTS_FILE, os.O_RDONLY | os.O_NOFOLLOW)
@@ -87,7 +87,7 @@ def is_owned(directory: Path) -> bool:
             return False
     except OSError:
         return False
-    data = _read_hosts_file(directory)
+    data = read_hosts_file(directory)
     return data is not None and data.split(b"\n", 1)[0] == HEADER.encode()
 
 
@@ -187,7 +187,7 @@ def decide(root: Path, files: Mapping[str, str], keep: Collection[str] = (), rec
         if not stat.S_ISDIR(st.st_mode):
             steps.append(Step(name, "skip", f"{directory} exists and is not a directory"))
             continue
-        current = _read_hosts_file(directory)
+        current = read_hosts_file(directory)
         if current is not None and current.split(b"\n", 1)[0] != HEADER.encode() and name not in reclaim:
             steps.append(Step(name, "skip", f"{directory / HOSTS_FILE} was not written by reloadd; left alone"))
         elif current is None and (directory / HOSTS_FILE).is_symlink():
@@ -200,7 +200,7 @@ def decide(root: Path, files: Mapping[str, str], keep: Collection[str] = (), rec
         entries = []
     for entry in entries:
         if entry not in files and entry not in keep and is_owned(root / entry):
-            steps.append(Step(entry, "remove", current=_read_hosts_file(root / entry)))
+            steps.append(Step(entry, "remove", current=read_hosts_file(root / entry)))
     return steps
 
 
