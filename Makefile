@@ -61,6 +61,10 @@ bench: deps kube containerd-releases install
 faults: deps kube containerd-releases install
 	RELOADD_RELIABILITY_REPORT=docs/reliability.md $(BIN)/pytest -q -p no:cacheprovider -m 'slow or not slow' \
 	  tests/faults tests/observability/test_http_limits.py tests/core/test_pidfile.py \
+	  tests/containerd_images/test_hostile.py tests/containerd_images/test_crash.py \
+	  tests/containerd_images/test_release_race.py tests/kube_manifests/test_km_hostile.py \
+	  tests/kube_manifests/test_km_crash_apiserver.py tests/registry_mirrors/test_hostile.py \
+	  tests/registry_mirrors/test_crash.py tests/exec/test_crash.py \
 	  tests/core/test_config_ranges.py tests/registry_mirrors/test_partial_apply.py \
 	  tests/kube_manifests/test_km_kubeconfig.py tests/registry_mirrors/test_drop_in_files.py \
 	  tests/registry_mirrors/test_consumer.py

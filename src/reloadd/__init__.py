@@ -9,6 +9,7 @@ import importlib as _importlib
 import typing as _typing
 
 from ._backoff import Backoff
+from ._changes import unchanged
 from ._command import CommandError, CommandResult, run_command
 from ._config import Config, ConsumerConfig, load_config, parse_config
 from ._consumer import (
@@ -19,7 +20,9 @@ from ._consumer import (
     DriftPlanner,
     Planner,
     PruneAware,
+    Reporting,
     SourceProvider,
+    Tunable,
 )
 from ._errors import (
     ConfigError,
@@ -35,6 +38,7 @@ from ._errors import (
 )
 from ._filters import DEFAULT_IGNORES, PathFilter
 from ._options import Options, parse_duration
+from ._outcomes import result_of
 from ._pidfile import read_pid_file, signal_pid_file
 from ._sources.base import Coverage, Drift, EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import atomic_write
@@ -119,6 +123,7 @@ __all__ = [
     "Reject",
     "ReloaddError",
     "Reloader",
+    "Reporting",
     "Result",
     "Retry",
     "Services",
@@ -128,6 +133,7 @@ __all__ = [
     "SourceProvider",
     "StateError",
     "TransientError",
+    "Tunable",
     "Watch",
     "WatchError",
     "WatchLimitError",
@@ -139,6 +145,8 @@ __all__ = [
     "parse_config",
     "parse_duration",
     "read_pid_file",
+    "result_of",
     "run_command",
     "signal_pid_file",
+    "unchanged",
 ]

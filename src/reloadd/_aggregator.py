@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ._changes import steady
 from ._types import Fingerprint, Reason
 
 __all__ = ["Aggregator", "Key", "Pending", "Timing"]
@@ -261,7 +262,7 @@ class Aggregator:
         p = self._pending.get(key)
         if p is None:
             return None
-        growing = p.seen is _UNSET or p.seen != fingerprint
+        growing = p.seen is _UNSET or not steady(p.seen, fingerprint)
         if p.verify and growing and now - p.first < self.timing(key[0]).max_hold:
             p.seen = fingerprint
             p.last = now

@@ -181,6 +181,12 @@ def embedded_config(consumer: Consumer) -> ConsumerConfig:
     )
 
 
+def group_function(consumer: Consumer) -> Callable[[Path], str | None] | None:
+    """An embedder's callable ``group`` (:class:`~reloadd.Tunable`), if it declared one."""
+    group = getattr(consumer, "group", None)
+    return group if callable(group) else None
+
+
 def bind(consumer: Consumer, records: RecordStore, trigger: Trigger,
          removal_held: RemovalHeld = lambda path: None) -> None:
     """Give an embedder's :class:`BaseConsumer` what a configured one gets: records, trigger, logger."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -31,8 +31,8 @@ from ._sources.base import Source, SourceContext
 from ._types import Batch, Change, DriftMode, PathRecord, Plan, Result
 
 __all__ = [
-    "BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory", "DriftPlanner", "Planner", "PruneAware",
-    "SourceProvider",
+    "BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory", "DriftPlanner", "Planner",
+    "PruneAware", "Reporting", "SourceProvider", "Tunable",
 ]
 
 
@@ -122,6 +122,49 @@ class PruneAware(Protocol):
 
 
 @runtime_checkable
+class Reporting(Protocol):
+    """The optional half of the contract status and metrics read: a consumer's own counters and state.
+
+    Attributes:
+        stats: Counters, name → number (``images_imported``, ``files_failed``...): ``reloadd status
+            --json`` lists them and /metrics exports each as ``reloadd_consumer_stat{consumer,stat}``;
+            values that are not numbers are left out.
+        status_note: One line of the consumer's own state, shown by status as ``state:`` (a standby's
+            leader), or ``None``. Read on every status request: keep it cheap; an exception is shown
+            as the note instead.
+    """
+
+    stats: Mapping[str, float]
+
+    @property
+    def status_note(self) -> str | None:
+        """The consumer's own one-line state, or ``None``."""
+        ...
+
+
+class Tunable(Protocol):
+    """What an embedder's consumer object may declare instead of a ``[[consumer]]`` table (each optional).
+
+    The core reads each attribute that is present (one place: ``reloadd._building.embedded_config``)
+    and falls back to the table's default: ``include``, ``exclude`` (globs), ``recursive``,
+    ``ignore_defaults``, ``quiet``, ``max_delay``, ``max_hold`` (seconds or ``"2s"``), ``after``
+    (consumer names), ``group`` (globs, lists of globs, or a callable ``Path -> str | None``) and
+    ``drift`` (a :class:`~reloadd.DriftMode`; else its context's).
+    """
+
+    include: Sequence[str]
+    exclude: Sequence[str]
+    recursive: bool
+    ignore_defaults: bool
+    quiet: float | str
+    max_delay: float | str
+    max_hold: float | str
+    after: Sequence[str]
+    group: Sequence[str | Sequence[str]] | Callable[[Path], str | None]
+    drift: DriftMode
+
+
+@runtime_checkable
 class DriftPlanner(Protocol):
     """The optional half of the contract ``reloadd plan`` uses to show drift (guarded state).
 
@@ -190,7 +233,10 @@ ConsumerFactory = Callable[[ConsumerContext], Consumer]
 
 
 class BaseConsumer:
-    """Convenience base: defaults for everything but :meth:`handle`.
+    """Convenience base: defaults for everything but :meth:`handle` (or :meth:`handle_one`).
+
+    It implements every optional half of the contract (:class:`Planner`, :class:`PruneAware`,
+    :class:`SourceProvider`, :class:`Reporting`) with a neutral default.
 
     Subclasses set ``name`` and ``roots`` (usually from the context) and override
     :meth:`accepts`, :meth:`start` and :meth:`close` as needed.
@@ -199,12 +245,21 @@ class BaseConsumer:
     content_digest: bool = True
     concurrency: int = 1
     removal_unit: str = "files"
+    name_path_in_errors: bool = False
+    """Start the error of a path whose handling raised with the path itself (see :func:`reloadd.result_of`)."""
 
     def __init__(self, ctx: ConsumerContext) -> None:
         self.ctx = ctx
         self.name = ctx.name
         self.roots: Sequence[Path] = ctx.paths
         self.log = ctx.logger
+        self.stats: dict[str, float] = {}
+        """Counters for status and metrics (see :class:`Reporting`): set your own."""
+
+    @property
+    def status_note(self) -> str | None:
+        """No state of its own to show by default (see :class:`Reporting`)."""
+        return None
 
     def accepts(self, path: Path) -> bool:
         """Accept every file; override to narrow."""
@@ -234,16 +289,30 @@ class BaseConsumer:
         one delays no other. Limit how many run at once in ``handle_one`` if that matters.
         Consumers that act on a batch as a whole override this instead.
         """
+        return await self.each(batch, batch.changes, self.handle_one)
+
+    async def each(self, batch: Batch, changes: Sequence[Change], act: Callable[[Change], Awaitable[Result]], *,
+                   at_once: bool = True) -> dict[Path, Result]:
+        """Run ``act`` on each of ``changes`` (of ``batch``), all at once or one after another.
+
+        The core's per-path fan-out, for :meth:`handle` and for a consumer whose ``handle()``
+        orders its batch in phases (applies before removals, say): what ``act`` raises becomes
+        the path's result by the core's one policy (:func:`reloadd._outcomes.result_of`), and
+        each path is reported (:meth:`Batch.report`) as soon as it is done.
+        """
         async def one(change: Change) -> Result:
             try:
-                result = await self.handle_one(change)
+                result = await act(change)
             except Exception as exc:
-                result = result_of(exc, self.name, change.path)
+                result = result_of(exc, self.name, change.path, name_path=self.name_path_in_errors)
             batch.report(change.path, result)
             return result
 
-        results = await asyncio.gather(*(one(c) for c in batch.changes))
-        return dict(zip(batch.paths, results, strict=True))
+        if at_once:
+            results = await asyncio.gather(*(one(c) for c in changes))
+        else:
+            results = [await one(c) for c in changes]
+        return {c.path: r for c, r in zip(changes, results, strict=True)}
 
     async def handle_one(self, change: Change) -> Result:
         """Act on one change (used by the default :meth:`handle`); override this or :meth:`handle`."""

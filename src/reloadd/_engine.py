@@ -19,20 +19,20 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._aggregator import Aggregator, Key, Pending
+from ._changes import CHANGED, UNREADABLE, View, diff, digest_all, steady
 from ._consumer import BaseConsumer, Consumer
 from ._drift import DriftBook
 from ._filters import PathFilter, under
-from ._prune import PruneGuard, RootId
 from ._queue import Item, WorkQueue
-from ._scan import DigestCache, Found, Probe, Trust, local_devices, probe, scan
+from ._scan import DigestCache, Probe, probe
 from ._sources.base import Coverage, EventKind, SourceEvent
 from ._state import RecordStore
-from ._types import Fingerprint, PathRecord, Reason
+from ._types import Fingerprint, Reason
 from ._writers import writers_of
 
 __all__ = ["Engine", "EngineStats", "Force", "Slot"]
@@ -64,8 +64,8 @@ class Slot:
             self.drift = DriftBook(self.consumer.name)
         self._owns: dict[str, bool] = {}
         self._bad_accepts: set[str] = set()
-        accepts = getattr(type(self.consumer), "accepts", None)
-        self._accepts_all = accepts is BaseConsumer.accepts  # not overridden: no Path to build per event
+        # Not overridden: no Path to build per event.
+        self._accepts_all = type(self.consumer).accepts is BaseConsumer.accepts
 
     def owns(self, key: str, path: Path | None = None) -> bool:
         """Whether the path ``key`` is this consumer's business (the path filter is memoised).
@@ -92,12 +92,17 @@ class Slot:
 
 @dataclass(frozen=True)
 class Force:
-    """Hand paths over again, forced: all of a consumer's (``paths=None``) or some."""
+    """A forced pass: hand paths over again, all of a consumer's (``paths=None``), some, or everyone's.
+
+    The one name for it inside the core: SIGHUP (the signal source's ``RESYNC``), ``reloadd reload``,
+    ``Reloader.trigger()``, a consumer's ``ctx.trigger`` and a drift correction all become one.
+    ``reason`` says who asked (``SIGNAL``: an operator; ``TRIGGER``: the consumer itself; ``DRIFT``:
+    a far-side source, see :class:`~reloadd._drift.DriftBook`).
+    """
 
     consumer: str | None = None
     paths: tuple[Path, ...] | None = None
     reason: Reason = Reason.SIGNAL
-    """``DRIFT`` for a correction that waited out its backoff (see :class:`~reloadd._drift.DriftBook`)."""
 
 
 @dataclass
@@ -236,16 +241,18 @@ class Engine:
         subtrees: set[Path] = set()
         rescan: Reason | None = None
         periodic = True  # every RESCAN asked for is the timer's (none says events were lost)
-        resync = False
-        resync_only: set[str] = set()
+        everything: Reason | None = None  # a forced pass of every consumer's every path, asked for by ...
+        whole: dict[str, Reason] = {}  # ... or of one consumer's
         for ev in events:
+            if isinstance(ev, SourceEvent) and ev.kind is EventKind.RESYNC:
+                ev = Force(reason=Reason.SIGNAL)  # SIGHUP: an operator asked
             if isinstance(ev, Force):
                 if ev.paths is not None:
-                    self._force(ev, now, ev.reason)
+                    self._force(ev, now)
                 elif ev.consumer is None:
-                    resync = True
+                    everything = everything or ev.reason
                 elif ev.consumer in self.slots:
-                    resync_only.add(ev.consumer)
+                    whole.setdefault(ev.consumer, ev.reason)
                 continue
             self.stats.events[(ev.source, ev.kind.value)] += 1
             if ev.kind is EventKind.RESCAN:
@@ -255,25 +262,23 @@ class Engine:
                 periodic = periodic and ev.source == "rescan"
                 if rescan is not Reason.STARTUP:
                     rescan = Reason.STARTUP if ev.source == "startup" else Reason.RESCAN
-            elif ev.kind is EventKind.RESYNC:
-                resync = True
             elif ev.kind is EventKind.SUBTREE and ev.path is not None:
                 subtrees.add(Path(ev.path))
             elif ev.kind is EventKind.DRIFTED and ev.path is not None:
                 self._drifted(ev, now)
             elif ev.path is not None:
                 self._observe_file(ev, now)
-        if resync:
+        if everything is not None:
             self.stats.resyncs += 1
-            await self.reconcile(None, Reason.SIGNAL, forced=True)
+            await self.reconcile(None, everything, forced=True)
         elif rescan is not None:
             await self.reconcile(None, rescan, periodic=periodic)
         elif subtrees:
             tops = [p for p in subtrees if not any(q != p and under(p, q) for q in subtrees)]
             await self.reconcile(tops, Reason.INOTIFY)
-        if not resync:
-            for name in sorted(resync_only):
-                await self.reconcile(None, Reason.SIGNAL, forced=True, only=name)
+        if everything is None:
+            for name, why in sorted(whole.items()):
+                await self.reconcile(None, why, forced=True, only=name)
         if rescan is Reason.STARTUP:
             self.startup_done.set()
 
@@ -287,7 +292,8 @@ class Engine:
                 self.agg.observe((slot.name, key), now, reason=Reason.INOTIFY, writing=writing)
                 self.agg.coalesced += ev.folded  # folded by the source: coalesced all the same
 
-    def _force(self, f: Force, now: float, reason: Reason = Reason.SIGNAL) -> None:
+    def _force(self, f: Force, now: float) -> None:
+        reason = f.reason
         slots = [self.slots[f.consumer]] if f.consumer in self.slots else list(self.slots.values())
         for s in slots:
             for p in f.paths or ():
@@ -312,7 +318,7 @@ class Engine:
                 continue
             force = Force(s.name, (Path(key),), Reason.DRIFT)
             if delay <= 0:
-                self._force(force, now, Reason.DRIFT)
+                self._force(force, now)
                 continue
             self._later(delay, force)
 
@@ -365,7 +371,7 @@ class Engine:
                     elif under(root, top):
                         jobs.append((str(root), str(root), s.filter.recursive))
         jobs = list(dict.fromkeys(jobs))
-        views = [_View(s.name, s.filter, s._owns, s.records.by_str, s.queue.queued_fingerprint, self.agg,
+        views = [View(s.name, s.filter, s._owns, s.records.by_str, s.queue.queued_fingerprint, self.agg.keys_snapshot,
                        frozenset(s.queue.guard.held), s.queue.guard if tops is None else None)
                  for s in slots]
         scopes = [str(t) for t in tops] if tops is not None else None
@@ -380,7 +386,7 @@ class Engine:
                 share = (self.full_rescan_every, self._tick % self.full_rescan_every)
                 self._tick += 1
         started = time.perf_counter()
-        diff = await asyncio.to_thread(_diff, jobs, views, scopes, forced, covered, share)
+        found = await asyncio.to_thread(diff, jobs, views, scopes, forced, covered, share)
         if now_covered is not None:
             self._trusted = now_covered  # this walk stat-ed whole every directory it did not trust
         if tops is None:
@@ -391,12 +397,12 @@ class Engine:
             slot = self.slots.get(view.name)
             if slot is not None:
                 slot._owns.update(view.learned)
-                if view.name in diff.roots:
-                    slot.queue.guard.remember_roots(diff.roots[view.name])
-        for key, error in diff.errors:
+                if view.name in found.roots:
+                    slot.queue.guard.remember_roots(found.roots[view.name])
+        for key, error in found.errors:
             self._warn(key, error)
         now = self.clock()
-        for i, (name, key) in enumerate(diff.observe):
+        for i, (name, key) in enumerate(found.observe):
             if i and not i % _STEP:
                 await asyncio.sleep(0)  # a 100k-path walk must not keep the inotify reader off the loop
             slot = self.slots.get(name)
@@ -446,7 +452,7 @@ class Engine:
             if pr.error is not None:
                 self._warn(key[1], pr.error)
             seen = self.agg.get(key)
-            growing = seen is not None and seen.verify and seen.seen != pr.fingerprint
+            growing = seen is not None and seen.verify and not steady(seen.seen, pr.fingerprint)
             p = self.agg.probed(key, pr.fingerprint, now)
             if p is not None:
                 released.append((key, root, pr.fingerprint, p.forced, p.reason))
@@ -469,20 +475,20 @@ class Engine:
         ]
         digests: dict[tuple[str, Fingerprint], str | None] = {}
         if want:
-            digests = await asyncio.to_thread(_digest_all, self.digests, want)
+            digests = await asyncio.to_thread(digest_all, self.digests, want)
         holds = await self._judge_removals(released)
         for key, root, fp, forced, reason in released:
             slot = self.slots.get(key[0])
             if slot is None:
                 continue
             digest = digests.get((key[1], fp)) if fp is not None else None
-            if digest is _CHANGED:
+            if digest is CHANGED:
                 if key not in overdue:
                     self.agg.observe(key, self.clock(), reason=reason, forced=forced, verify=True)
                     continue  # changed while being read: settle again
                 digest = None  # still written after max_hold: handed over as it is, without a digest
-            if digest is not None and digest.startswith(_UNREADABLE):
-                self._warn(key[1], f"cannot read for a content digest: {digest[len(_UNREADABLE):]}")
+            if digest is not None and digest.startswith(UNREADABLE):
+                self._warn(key[1], f"cannot read for a content digest: {digest[len(UNREADABLE):]}")
                 digest = None  # hand it over without one: the consumer reports its own error
             self.stats.handed_over += 1
             item = Item(key[1], root, fp, digest, forced, reason)
@@ -519,167 +525,3 @@ _WRITING = {EventKind.WRITING: True, EventKind.WRITTEN: False, EventKind.GONE: F
 
 def _probe_all(jobs: list[tuple[Key, Path]]) -> list[Probe]:
     return [probe(key[1], root) for key, root in jobs]
-
-
-_CHANGED = "changed"
-_UNREADABLE = "unreadable:"
-
-
-def _digest_all(
-    cache: DigestCache, want: list[tuple[str, Fingerprint]]
-) -> dict[tuple[str, Fingerprint], str | None]:
-    out: dict[tuple[str, Fingerprint], str | None] = {}
-    for p, fp in want:
-        try:
-            d = cache.digest(p, fp)
-        except OSError as exc:
-            d = _UNREADABLE + (exc.strerror or str(exc))
-        out[(p, fp)] = _CHANGED if d is None else d
-    return out
-
-
-@dataclass
-class _View:
-    """A consumer as the reconcile thread sees it: live objects it only reads with ``get``/``in``."""
-
-    name: str
-    filter: PathFilter
-    owns: Mapping[str, bool]
-    records: Mapping[str, PathRecord]
-    queued: Callable[[str, object], object]  # WorkQueue.queued_fingerprint
-    agg: Aggregator
-    prune_held: frozenset[str] = frozenset()  # removals held: looked at when found, not re-judged when missing
-    guard: PruneGuard | None = None  # set on a walk of every root: its roots' identities are taken after it
-    learned: dict[str, bool] = field(default_factory=dict)
-
-    def owned(self, key: str) -> bool:
-        hit = self.owns.get(key)
-        if hit is None:
-            hit = self.learned.get(key)
-            if hit is None:
-                hit = self.learned[key] = self.filter.matches(key)
-        return hit
-
-@dataclass
-class _Diff:
-    observe: list[tuple[str, str]] = field(default_factory=list)
-    errors: list[tuple[str, str]] = field(default_factory=list)
-    roots: dict[str, dict[str, RootId]] = field(default_factory=dict)  # per consumer, after a complete walk
-
-
-def _diff(
-    jobs: list[tuple[str, str, bool]],
-    views: list[_View],
-    scopes: list[str] | None,
-    forced: bool,
-    covered: frozenset[str] | None = None,
-    share: tuple[int, int] = (1, 0),
-) -> _Diff:
-    """Walk and compare with each consumer's acknowledged fingerprints (blocking).
-
-    The common case, a file whose fingerprint equals its record, costs one dict
-    lookup and one tuple comparison; the filter is consulted only for the rest.
-    The walk hands its entries over in chunks (:data:`SCAN_CHUNK`), so memory does
-    not grow with the tree. With ``covered``, the regular files of those directories
-    (on local file systems) outside ``share`` are met without a stat (:class:`Trust`). Paths gone since
-    they were acknowledged are found by counting: when every path recorded (under the
-    scope) before the walk was met on it, none is gone; otherwise (rare: a delete
-    inotify did not report, or one still being handled) the tree's paths are listed
-    once more to name them.
-    """
-    errors: dict[str, str] = {}
-    tops = [top for top, _, _ in jobs]
-    overlap = any(i != j and under(a, b) for i, a in enumerate(tops) for j, b in enumerate(tops))
-    compares = [_Compare(v, scopes, forced, overlap) for v in views]
-
-    def sink(found: Found, listed: set[str]) -> None:
-        for c in compares:
-            c.take(found, listed)
-
-    trust = Trust(covered, local_devices(), *share) if covered else None
-    for top, root, recursive in jobs:
-        found: Found = {}
-        listed: set[str] = set()
-        scan(top, root, recursive, found, errors, sink, trust, listed)
-        sink(found, listed)
-    out = _Diff()
-    warned: set[str] = set()
-    everything: set[str] | None = None
-    for c in compares:
-        for key, error in errors.items():
-            if c.view.owned(key) and key not in warned:
-                warned.add(key)
-                out.errors.append((key, error))
-        in_scope = c.before
-        if len(in_scope) == c.met and c.view.guard is not None:
-            out.roots[c.view.name] = c.view.guard.root_ids()  # every record met: the roots are the good ones
-        if len(in_scope) != c.met:
-            if everything is None:
-                walked: Found = {}
-                for top, root, recursive in jobs:
-                    scan(top, root, recursive, walked, {})
-                everything = set(walked)
-            for key in in_scope:
-                if key not in everything:
-                    c.observe[key] = None  # gone (or no longer a regular file)
-        out.observe.extend((c.view.name, key) for key in c.observe)
-    return out
-
-
-class _Compare:
-    """One consumer's side of a rescan: what to observe, and how many of its records were met."""
-
-    def __init__(self, view: _View, scopes: list[str] | None, forced: bool, overlap: bool) -> None:
-        self.view = view
-        self.forced = forced
-        self.observe: dict[str, None] = {}
-        self.met = 0
-        self.met_keys: set[str] | None = set() if overlap else None  # walks overlap: a path may be met twice
-        roots = scopes if scopes is not None else [str(r) for r in view.filter.roots]
-        self.roots = frozenset(roots)
-        self.prefixes = tuple(r if r.endswith("/") else r + "/" for r in roots)
-        # Settling in the aggregator, or a held removal: either is looked at again when the walk meets it.
-        self.held = {key for name, key in view.agg.keys_snapshot() if name == view.name} | view.prune_held
-        # The recorded paths under the scope, as the walk starts: one atomic copy of the keys (references,
-        # not new strings), filtered once here so a path met on the walk costs one set lookup. A held
-        # removal is not counted: missing, it stays held; met, it is taken up through ``held``.
-        self.before = {key for key in list(view.records)
-                       if (key in self.roots or key.startswith(self.prefixes)) and key not in view.prune_held}
-
-    def take(self, found: Found, listed: set[str]) -> None:
-        """Compare one chunk of a walk: ``found`` stat-ed, ``listed`` met in covered directories (no stat)."""
-        owned, queued, held, observe = self.view.owned, self.view.queued, self.held, self.observe
-        met = self.before.intersection(found)  # in C: the recorded paths this chunk met
-        if listed:
-            met |= self.before.intersection(listed)
-        if self.met_keys is not None:
-            met -= self.met_keys
-            self.met_keys |= met
-        self.met += len(met)
-        if self.forced:
-            for key in found:  # a forced walk trusts nothing: ``listed`` is empty
-                if owned(key):
-                    observe[key] = None
-            return
-        if listed:
-            # A covered directory's watch reports every change of its files: only a file never
-            # acknowledged (or one held) needs a look. Both found in C, not per listed path.
-            for key in listed.difference(self.view.records):
-                if owned(key) and (key in held or queued(key, _MISSING) is _MISSING):
-                    observe[key] = None
-            if held:
-                for key in held.intersection(listed):
-                    if owned(key):
-                        observe[key] = None
-        get = self.view.records.get
-        for key, fp in found.items():
-            rec = get(key)
-            if rec is not None and rec.fingerprint == fp:
-                if held and key in held and owned(key):
-                    observe[key] = None  # acknowledged as it is, but held: taken up again
-                continue
-            if owned(key) and (key in held or queued(key, _MISSING) != fp):
-                observe[key] = None  # differs from what was acknowledged and what is queued
-
-
-_MISSING: object = object()

@@ -76,7 +76,16 @@ class ConsumerError(ReloaddError):
 
 
 class TransientError(ConsumerError):
-    """A failure worth retrying with backoff (service down, timeout, 5xx)."""
+    """A failure worth retrying with backoff (service down, timeout, 5xx).
+
+    Attributes:
+        retry_after: Seconds the far side asked to wait (``Retry-After``), if it said; the retry
+            waits at least that long (capped by the backoff's maximum).
+    """
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class PermanentError(ConsumerError):

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._consumer import Consumer
+from ._changes import repeats
+from ._consumer import Consumer, PruneAware
 from ._item import Item
 from ._prune import PruneGuard
 from ._types import PathRecord
@@ -66,7 +67,7 @@ class HeldRemovals:
                 self.hold(item, item.hold)
             return True
         held = self.items.get(key)
-        if held is not None and held.fingerprint == item.fingerprint and not item.forced:
+        if held is not None and repeats(held, item):
             return True  # found again as it was held (a consumer's own Hold of this content)
         self.items.pop(key, None)
         if self.guard.release(key):
@@ -116,12 +117,12 @@ class HeldRemovals:
 
     def listing(self) -> list[dict[str, Any]]:
         """Each held removal: its path, why, since (wall clock) and size (what it would remove)."""
-        size = getattr(self.consumer, "removal_size", None)
+        size = self.consumer.removal_size if isinstance(self.consumer, PruneAware) else None
         out = []
         for key, h in sorted(self.guard.held.items()):
             n = 1
             rec = self._recs.get(key)
-            if callable(size) and rec is not None:
+            if size is not None and rec is not None:
                 try:
                     n = int(size(rec))
                 except Exception:  # a plugin's count must not break status
@@ -138,14 +139,14 @@ class HeldRemovals:
     def _announce_holds(self) -> None:
         """One WARNING per reason for the holds of one turn of the loop, and the consumer's hook."""
         announce, self._announce = self._announce, {}
-        hook = getattr(self.consumer, "removals_held", None)
+        hook = self.consumer.removals_held if isinstance(self.consumer, PruneAware) else None
         for why, keys in announce.items():
             shown = ", ".join(sorted(keys)[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
             log.warning(
                 "Holding the removal of %d path(s) of consumer %s: %s (%s); nothing is removed until they "
                 "come back or `reloadd reload --confirm-prune` is run", len(keys), self.consumer.name, why, shown,
             )
-            if callable(hook):
+            if hook is not None:
                 self.spawn(self._call_hook(hook, [Path(k) for k in sorted(keys)], why))
 
     async def _call_hook(self, hook: Callable[..., Any], paths: list[Path], why: str) -> None:

@@ -1,8 +1,8 @@
 """``reloadd plan``: what every consumer's next pass would change, changing nothing.
 
 The pending changes come from the engine's own rules: the start-up walk compared with
-each consumer's acknowledged fingerprints (:func:`reloadd._engine._diff`), then the
-queue's de-duplication (:func:`reloadd._queue.needed`, content digests included). The
+each consumer's acknowledged fingerprints (:func:`reloadd._changes.diff`), then the
+queue's de-duplication (:func:`reloadd._changes.needed`, content digests included). The
 records are read without the state lock and without writing anything, so a running
 daemon is neither blocked nor disturbed; what it does meanwhile may make the plan stale.
 Each consumer then says what handling that batch would change (:class:`~reloadd.Planner`).
@@ -18,15 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._aggregator import Aggregator
 from ._building import build_consumer, owner_test, path_filter
+from ._changes import Needed, View, change_kind, diff, needed
 from ._config import Config, ConsumerConfig
 from ._consumer import Consumer, DriftPlanner, Planner
-from ._engine import _diff, _View
 from ._errors import PlanUnsupportedError, ReloaddError
 from ._filters import PathFilter
 from ._prune import PruneGuard
-from ._queue import Needed, change_kind, needed
 from ._scan import DigestCache, probe
 from ._state import RecordStore
 from ._types import Batch, Change, ChangeKind, DriftMode, JSONValue, PlannedChange, Reason
@@ -148,11 +146,11 @@ class PlanReport:
 def pending_changes(consumer: Consumer, filt: PathFilter, records: RecordStore) -> tuple[Change, ...]:
     """What the next start-up pass would hand ``consumer`` (blocking: walks, stats and digests)."""
     jobs = [(str(root), str(root), filt.recursive) for root in filt.roots]
-    view = _View(consumer.name, filt, {}, records.by_str, _nothing_queued, Aggregator())
-    diff = _diff(jobs, [view], None, False)
+    view = View(consumer.name, filt, {}, records.by_str, _nothing_queued, tuple)
+    found = diff(jobs, [view], None, False)
     digests = DigestCache()
     out: list[Change] = []
-    for _, key in dict.fromkeys(diff.observe):
+    for _, key in dict.fromkeys(found.observe):
         path = Path(key)
         if key not in records.by_str and not (filt(path) and _accepts(consumer, path)):
             continue

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -19,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ._backoff import Backoff
-from ._consumer import Consumer
+from ._changes import Needed, change_kind, needed, repeats
+from ._consumer import Consumer, PruneAware
 from ._drift import DriftBook
 from ._errors import ConsumerError, StateError
 from ._filters import PathFilter
@@ -28,9 +28,9 @@ from ._item import Item
 from ._outcomes import result_of
 from ._prune import PruneGuard
 from ._state import RecordStore
-from ._types import Ack, Batch, Change, ChangeKind, Fingerprint, Hold, PathRecord, Reason, Reject, Result, Retry
+from ._types import Ack, Batch, Change, ChangeKind, Hold, PathRecord, Reason, Reject, Result, Retry
 
-__all__ = ["Item", "Needed", "QueueCounts", "QueueStats", "WorkQueue", "change_kind", "needed"]
+__all__ = ["Item", "QueueCounts", "QueueStats", "WorkQueue"]
 
 log = logging.getLogger("reloadd.queue")
 
@@ -56,42 +56,6 @@ class QueueStats:
     retried: int = 0
     dropped_unchanged: int = 0
     last_success: float | None = None
-
-
-class Needed(enum.Enum):
-    """Whether a settled path must be handed over, compared with its record."""
-
-    YES = "yes"
-    """It differs from what the consumer acknowledged (or the hand-over is forced)."""
-
-    NO = "no"
-    """Same fingerprint as acknowledged, or gone and never acknowledged."""
-
-    SAME_CONTENT = "same-content"
-    """Only times (or the inode) moved: the content digest equals the acknowledged one."""
-
-
-def needed(rec: PathRecord | None, fingerprint: Fingerprint | None, digest: str | None, *,
-           forced: bool = False) -> Needed:
-    """The queue's de-duplication rule, shared with ``reloadd plan`` (pure)."""
-    if forced:
-        return Needed.YES
-    if fingerprint is None:
-        return Needed.YES if rec is not None else Needed.NO
-    if rec is None:
-        return Needed.YES
-    if rec.fingerprint == fingerprint:
-        return Needed.NO
-    if digest is not None and rec.digest == digest:
-        return Needed.SAME_CONTENT
-    return Needed.YES
-
-
-def change_kind(rec: PathRecord | None, fingerprint: Fingerprint | None) -> ChangeKind:
-    """What a needed hand-over is to the consumer: added, modified or deleted (pure)."""
-    if fingerprint is None:
-        return ChangeKind.DELETED
-    return ChangeKind.ADDED if rec is None else ChangeKind.MODIFIED
 
 
 class WorkQueue:
@@ -252,7 +216,7 @@ class WorkQueue:
             "waiting_for": list(self.waiting_for),
             "held_groups": sorted(self._group_label(g) for g in self._held_groups),
             "prune_held": self._held.listing(),
-            "prune_held_unit": str(getattr(self.consumer, "removal_unit", "files")),
+            "prune_held_unit": self.consumer.removal_unit if isinstance(self.consumer, PruneAware) else "files",
             "batches": self.stats.batches,
             "last_success": self.stats.last_success,
         }
@@ -271,7 +235,7 @@ class WorkQueue:
                 return
         old = self._items.get(item.key)
         if old is not None:
-            if old.fingerprint == item.fingerprint and not item.forced:
+            if repeats(old, item):
                 return  # nothing new (a rescan re-finding a path in backoff): keep its backoff
             item.forced = item.forced or old.forced
             item.since = old.since
@@ -423,7 +387,7 @@ class WorkQueue:
 
     async def _run_batch(self, items: list[Item]) -> None:
         changes = tuple(self._change_of(i) for i in items)
-        forced = [i.reason for i in items if i.forced]  # who asked: an operator (signal) or a far-side source (drift)
+        forced = [i.reason for i in items if i.forced]  # who asked: an operator, the consumer, a far-side source
         reason = (forced[0] if forced[0] is not Reason.INOTIFY else Reason.SIGNAL) if forced else items[0].reason
         by_path: dict[Path, tuple[Item, Change]] = {}  # built at the first early report (hashing Paths costs)
         settled: set[str] = set()  # reported early: recorded, released on their own

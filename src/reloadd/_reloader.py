@@ -28,12 +28,13 @@ from ._building import (
     bind,
     build_consumer,
     embedded_config,
+    group_function,
     owner_test,
     path_filter,
     records_for,
 )
 from ._config import Config, ConsumerConfig
-from ._consumer import Consumer
+from ._consumer import Consumer, Reporting, SourceProvider
 from ._drift import DriftBook
 from ._engine import Engine, Force, Slot
 from ._errors import ConfigError, WatchLimitError
@@ -45,7 +46,7 @@ from ._snapshot import ConsumerSnapshot, EngineCounters, Snapshot
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import RecordStore, lock_state_dir
 from ._supervisor import supervise
-from ._types import DriftMode
+from ._types import DriftMode, Reason
 from ._watch import Watch, WatchState
 from ._writers import writers_of
 
@@ -128,7 +129,7 @@ class Reloader:
     def _trigger_for(self, name: str) -> Trigger:
         def trigger(paths: Iterable[Path] | None) -> None:
             forced = None if paths is None else tuple(Path(p) for p in paths)
-            self._call_in_loop(self._force, name, forced)
+            self._call_in_loop(self._force, name, forced, Reason.TRIGGER)
 
         return trigger
 
@@ -143,8 +144,7 @@ class Reloader:
     def _slot(self, consumer: Consumer, records: RecordStore, cc: ConsumerConfig) -> Slot:
         filt = path_filter(consumer, cc)
 
-        custom = getattr(consumer, "group", None)
-        group_of = custom if callable(custom) else group_matcher(cc.group, filt.roots)
+        group_of = group_function(consumer) or group_matcher(cc.group, filt.roots)
         name = consumer.name
         self._groups[name] = cc.group
         drift = DriftBook(name, cc.drift)
@@ -305,10 +305,9 @@ class Reloader:
         """Sources the consumers contribute (``SourceProvider``), named ``<consumer>/<source>``."""
         out: list[tuple[str, SourceFactory]] = []
         for slot in slots:
-            provide = getattr(slot.consumer, "sources", None)
-            if not callable(provide) or slot.drift.mode is DriftMode.OFF:
+            if not isinstance(slot.consumer, SourceProvider) or slot.drift.mode is DriftMode.OFF:
                 continue
-            for i, factory in enumerate(provide()):
+            for i, factory in enumerate(slot.consumer.sources()):
                 name = getattr(factory, "name", None) or getattr(getattr(factory, "func", None), "name", f"source{i}")
                 out.append((f"{slot.name}/{name}", factory))
         return out
@@ -402,10 +401,10 @@ class Reloader:
         await self._ops_stack.aclose()
 
     # Control -----------------------------------------------------------------------
-    def _force(self, consumer: str | None, paths: Iterable[Path] | None) -> None:
+    def _force(self, consumer: str | None, paths: Iterable[Path] | None, reason: Reason = Reason.SIGNAL) -> None:
         if self._engine is None:
             return
-        self._engine.emit(Force(consumer, tuple(Path(p) for p in paths) if paths is not None else None))
+        self._engine.emit(Force(consumer, tuple(Path(p) for p in paths) if paths is not None else None, reason))
 
     def trigger(self, paths: Iterable[str | Path] | None = None) -> None:
         """Hand paths (every path when ``None``) to their consumers again, forced.
@@ -550,7 +549,7 @@ class Reloader:
             q, st = slot.queue, slot.queue.stats
             counts = q.counts()
             held = q.held_removals()
-            stats = getattr(slot.consumer, "stats", None)
+            stats = slot.consumer.stats if isinstance(slot.consumer, Reporting) else None
             doc: dict[str, Any] | None = None
             if detail:
                 doc = {
@@ -622,7 +621,9 @@ class Reloader:
 def _note(consumer: Consumer) -> str | None:
     """A consumer's own one-line state for status (``status_note``, e.g. a standby's leader), if it has one."""
     try:
-        note = getattr(consumer, "status_note", None)
+        if not isinstance(consumer, Reporting):  # may read the property (before Python 3.12)
+            return None
+        note = consumer.status_note
     except Exception as exc:  # a plugin bug must not break status
         return f"status_note failed: {exc}"
     return note if isinstance(note, str) else None

@@ -58,7 +58,11 @@ class DriftMode(enum.StrEnum):
 
 
 class Reason(enum.StrEnum):
-    """Why a batch was formed; exposed to ``exec`` commands as ``reason``."""
+    """Why a batch was formed; exposed to ``exec`` commands as ``reason``.
+
+    A batch handed over again without a change of its own is a *forced pass* (``Change.forced``; the
+    engine's ``Force``); its reason says who asked: :attr:`SIGNAL`, :attr:`TRIGGER` or :attr:`DRIFT`.
+    """
 
     STARTUP = "startup"
     """The initial pass: what changed while reloadd was not running."""
@@ -70,7 +74,10 @@ class Reason(enum.StrEnum):
     """The periodic (or overflow-triggered) stat walk found the change."""
 
     SIGNAL = "signal"
-    """A forced resync: SIGHUP, ``reloadd reload`` or ``Reloader.trigger()``."""
+    """A forced pass an operator asked for: SIGHUP, ``reloadd reload`` or ``Reloader.trigger()``."""
+
+    TRIGGER = "trigger"
+    """A forced pass a consumer asked for itself (its ``ctx.trigger``: a ``.skip`` marker, a refresh)."""
 
     DRIFT = "drift"
     """A far-side source saw what the path declared change (an image removed, its pin stripped)."""

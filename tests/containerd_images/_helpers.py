@@ -70,8 +70,10 @@ class Harness:
                 self.records.pop(c.path, None)
             else:
                 self.records[c.path] = PathRecord(c.fingerprint, None, r.data)
-        elif isinstance(r, Reject):
-            self.records[c.path] = PathRecord(c.fingerprint, None, r.data, r.error)
+        elif isinstance(r, Reject):  # as the work queue does: no data of its own keeps the previous data
+            prev = self.records.get(c.path)
+            data = r.data if r.data is not None else (prev.data if prev is not None else None)
+            self.records[c.path] = PathRecord(c.fingerprint, None, data, r.error)
 
 
 async def dump(address: str, namespace: str, snapshotter: str = "overlayfs") -> dict[str, Any]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -20,21 +18,13 @@ import reloadd
 from reloadd import Fingerprint, PathRecord
 from reloadd._plan import plan
 from tests.infra import Containerd, ImageSpec, Registry, local_registry, push_image, write_oci_archive
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(180)
 
 PIN = "io.cri-containerd.pinned"
 SOURCE = "reloadd.io/source"
 REF = "example.com/guarded/app:v1"
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 30.0) -> float:
-    """Poll containerd (another process: no event of ours to await) until ``check`` holds; the seconds it took."""
-    start = time.monotonic()
-    while not await check():
-        assert time.monotonic() - start < timeout, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
 
 
 def _config(tmp_path: Path, ctd: Containerd, drift: str = "correct") -> reloadd.Config:
@@ -88,7 +78,7 @@ async def _test_restored(ctd: Containerd, tmp_path: Path, images: Path, app: Pat
         pulled_target = (await c.client.get_image(pulled)).target.digest  # type: ignore[union-attr]
 
         await ctd.ctr("images", "label", REF, f"{PIN}=")  # the pin stripped (an empty value removes a label)
-        took = await eventually(restored, "the pin put back")
+        took = await until(restored, what="the pin put back")
         assert took <= 2.0, f"pin put back after {took:.1f}s"
 
         async def pulled_back() -> bool:
@@ -96,11 +86,11 @@ async def _test_restored(ctd: Containerd, tmp_path: Path, images: Path, app: Pat
             return img is not None and img.labels.get(PIN) == "pinned" and img.target.digest == pulled_target
 
         await ctd.cri_remove(pulled)  # CRI RemoveImage: what kubelet's image GC and `crictl rmi` call
-        took = await eventually(pulled_back, "the removed list image pulled again")
+        took = await until(pulled_back, what="the removed list image pulled again")
         assert took <= 5.0, f"pulled again after {took:.1f}s"
 
         await ctd.ctr("images", "rm", REF)  # an operator's clean-up, or a script
-        took = await eventually(restored, "the removed image imported again")
+        took = await until(restored, what="the removed image imported again")
         assert took <= 5.0, f"imported again after {took:.1f}s"
         assert r.engine.stats.events[drifts] >= 1
         assert (await c.client.get_image(REF)).target.digest == target  # type: ignore[union-attr]
@@ -109,14 +99,14 @@ async def _test_restored(ctd: Containerd, tmp_path: Path, images: Path, app: Pat
 
         await ctd.restart()  # the stream ends; the supervisor opens it again and checks every recorded image
         await ctd.ctr("images", "rm", REF)  # seen as an event, or by that check if it came before the reconnect
-        await eventually(restored, "a removal around a containerd restart noticed too")
+        await until(restored, what="a removal around a containerd restart noticed too")
         await r.wait_idle(60)
         assert not r.status()["consumers"]["images"]["failing"]
 
         imported = c.stats["files_imported"]
         seen = r.engine.stats.events[drifts]
         os.unlink(app)  # the file goes: its image is meant to go (on_delete = remove), and stays gone
-        await eventually(lambda: _absent(c), "the image removed with its file")
+        await until(lambda: _absent(c), what="the image removed with its file")
         await r.wait_idle(60)
         await asyncio.sleep(1.0)  # what is asserted is that nothing more happens
         assert await c.client.get_image(REF) is None
@@ -142,7 +132,7 @@ async def test_detect_lists_a_removed_image_and_puts_nothing_back(ctd: Container
         async def listed() -> bool:
             return bool(r.status()["consumers"]["images"]["drift"])
 
-        await eventually(listed, "the removal listed as drift")
+        await until(listed, what="the removal listed as drift")
         await asyncio.sleep(2.0)  # what is asserted is that nothing is put back
         await r.wait_idle(30)
         assert await c.client.get_image(REF) is None and c.stats["files_imported"] == imported

@@ -9,8 +9,8 @@ import pytest
 from reloadd_containerd_images import ContainerdImagesConsumer
 
 import reloadd
-from tests.faults._daemon import until
 from tests.infra import Containerd, ImageSpec, write_oci_archive
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(180)
 

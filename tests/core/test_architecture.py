@@ -84,3 +84,24 @@ def test_ops_services_read_the_snapshot_not_the_pipeline() -> None:
     graph = import_graph()
     for mod in sorted(OPS):
         assert not graph[mod] & PIPELINE, (mod, sorted(graph[mod] & PIPELINE))
+
+
+def test_the_core_reads_consumers_only_through_the_declared_contract() -> None:
+    """Every optional attribute the core reads is declared (``Reporting``, ``PruneAware``, ``SourceProvider``,
+    ``Tunable``): no ``getattr`` on a consumer outside ``_building``, where an embedder's table attributes are read."""
+    found = []
+    for f in SRC.rglob("*.py"):
+        if f.name == "_building.py":
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                    and node.args and "consumer" in ast.unparse(node.args[0])):
+                found.append(f"{f.name}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
+
+
+def test_plan_uses_the_change_decisions_not_the_engine() -> None:
+    graph = import_graph()
+    assert "reloadd._engine" not in graph["reloadd._plan"]
+    for user in ("reloadd._engine", "reloadd._queue", "reloadd._plan", "reloadd._aggregator"):
+        assert "reloadd._changes" in graph[user], user

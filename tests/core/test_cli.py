@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+from tests.daemon_config import hook_daemon_config
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -60,19 +62,8 @@ async def test_run_reload_and_json_logs(tmp_path):
     root.mkdir()
     (root / "a.conf").write_text("a")
     out = tmp_path / "batches.jsonl"
-    cfg = tmp_path / "reloadd.toml"
-    cfg.write_text(textwrap.dedent(f"""
-        [reloadd]
-        state_dir = "{tmp_path / 'state'}"
-        pid_file = "{tmp_path / 'reloadd.pid'}"
-        quiet = "100ms"
-        [[consumer]]
-        name = "hook"
-        plugin = "exec"
-        paths = ["{root}"]
-        [consumer.options]
-        command = ["sh", "-c", "cat >> {out}; echo >> {out}"]
-    """))
+    cfg = hook_daemon_config(tmp_path, root, command=["sh", "-c", f"cat >> {out}; echo >> {out}"],
+                             pid_file=tmp_path / "reloadd.pid")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "reloadd", "--log-format", "json", "run", "--config", str(cfg),
         stderr=asyncio.subprocess.PIPE,

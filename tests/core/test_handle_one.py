@@ -76,3 +76,38 @@ async def test_a_consumer_with_neither_method_says_so(tmp_path: Path) -> None:
     res = await c.handle(Batch("none", Reason.INOTIFY, (Change(tmp_path / "x", ChangeKind.ADDED, None),)))
     (result,) = res.values()
     assert isinstance(result, Retry) and "implements neither handle() nor handle_one()" in result.error
+
+
+async def test_the_one_policy_keeps_retry_after_and_retries_deliberate_errors_quietly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="reloadd")
+    busy = reloadd.result_of(TransientError("503", retry_after=7.5), "c", "/x")
+    assert busy == Retry("503", after=7.5)
+    config = reloadd.result_of(reloadd.ConfigError("kubeconfig: no current-context"), "c", "/x")
+    assert config == Retry("kubeconfig: no current-context")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "a deliberate error is no bug"
+    assert reloadd.result_of(PermanentError("bad"), "c", "/x") == Reject("bad")
+
+
+async def test_each_one_after_another_runs_in_order_and_maps_every_path(tmp_path: Path) -> None:
+    """A consumer's own phases (say removals one by one) go through the same fan-out and policy."""
+    c = BaseConsumer(reloadd.ConsumerContext(name="seq", paths=(tmp_path,), options={}, state_dir=tmp_path))
+    running: list[str] = []
+    order: list[str] = []
+
+    async def act(change: Change) -> Result:
+        running.append(change.path.name)
+        assert len(running) == 1, f"{running} ran at once"
+        await asyncio.sleep(0.01)
+        order.append(change.path.name)
+        running.remove(change.path.name)
+        if change.path.name == "b":
+            raise PermanentError("b is broken")
+        return Ack()
+
+    changes = tuple(Change(tmp_path / n, ChangeKind.DELETED, None) for n in ("a", "b", "c"))
+    reported: list[str] = []
+    batch = Batch("seq", Reason.INOTIFY, changes, reporter=lambda p, r: reported.append(p.name))
+    results = await c.each(batch, changes, act, at_once=False)
+    assert order == ["a", "b", "c"] and reported == ["a", "b", "c"]
+    assert results[tmp_path / "b"] == Reject("b is broken") and results[tmp_path / "c"] == Ack()

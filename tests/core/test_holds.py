@@ -13,7 +13,7 @@ import pytest
 
 from reloadd import parse_config
 from reloadd._terminal import format_status
-from tests.faults._daemon import until
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 

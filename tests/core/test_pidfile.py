@@ -17,7 +17,6 @@ import signal
 import stat
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import pytest
 
 from reloadd import ReloaddError, read_pid_file, signal_pid_file
 from reloadd._pidfile import looks_like, remove_pid_file, write_pid_file
+from tests.daemon_config import hook_daemon_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -210,19 +210,8 @@ async def test_daemon_writes_pid_file_over_a_symlink_and_removes_it(tmp_path):
     root.mkdir()
     (root / "a.conf").write_text("a")
     out = tmp_path / "batches"
-    cfg = tmp_path / "reloadd.toml"
-    cfg.write_text(textwrap.dedent(f"""
-        [reloadd]
-        state_dir = "{tmp_path / 'state'}"
-        pid_file = "{pid_file}"
-        quiet = "100ms"
-        [[consumer]]
-        name = "hook"
-        plugin = "exec"
-        paths = ["{root}"]
-        [consumer.options]
-        command = ["sh", "-c", "cat > /dev/null; echo x >> {out}"]
-    """))
+    cfg = hook_daemon_config(tmp_path, root, command=["sh", "-c", f"cat > /dev/null; echo x >> {out}"],
+                             pid_file=pid_file)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "reloadd", "run", "--config", str(cfg), stderr=asyncio.subprocess.PIPE)
     try:

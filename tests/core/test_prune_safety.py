@@ -10,14 +10,15 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from reloadd import ChangeKind
 from reloadd._terminal import format_status
-from tests.faults._daemon import Daemon, until
+from tests.daemon_config import hook_daemon_config
+from tests.faults._daemon import Daemon
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -173,22 +174,7 @@ with open(os.environ["HOOK_LOG"], "a") as log:
 
 
 def _daemon_config(tmp_path: Path, root: Path, sock: Path) -> Path:
-    (tmp_path / "hook.py").write_text(HOOK)
-    cfg = tmp_path / "reloadd.toml"
-    cfg.write_text(textwrap.dedent(f"""
-        [reloadd]
-        state_dir = "{tmp_path / 'state'}"
-        control_socket = "{sock}"
-        quiet = "100ms"
-        rescan_interval = "300ms"
-        [[consumer]]
-        name = "hook"
-        plugin = "exec"
-        paths = ["{root}"]
-        [consumer.options]
-        command = ["{sys.executable}", "{tmp_path / 'hook.py'}"]
-    """))
-    return cfg
+    return hook_daemon_config(tmp_path, root, hook=HOOK, control_socket=sock, rescan_interval="300ms")
 
 
 def _hook_log(tmp_path: Path) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reloadd import Ack, BaseConsumer, Batch, ConsumerContext, Result
-from tests.faults._daemon import until
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 

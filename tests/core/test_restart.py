@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from reloadd import ChangeKind, Reason, Reloader, parse_config
+from tests.daemon_config import hook_daemon_config
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -31,13 +33,7 @@ HOOK = textwrap.dedent(
 )
 
 
-async def wait_until(pred, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not pred():
-        if loop.time() > end:
-            raise TimeoutError
-        await asyncio.sleep(0.05)  # polling a file another process writes
+  # polling a file another process writes
 
 
 def deliveries(d: Path) -> list[str]:
@@ -50,19 +46,7 @@ async def test_kill_9_during_batch_then_restart(tmp_path):
     root.mkdir()
     (root / "a.conf").write_text("a")
     (root / "b.conf").write_text("b")
-    (tmp_path / "hook.py").write_text(HOOK)
-    cfg = tmp_path / "reloadd.toml"
-    cfg.write_text(textwrap.dedent(f"""
-        [reloadd]
-        state_dir = "{tmp_path / 'state'}"
-        quiet = "100ms"
-        [[consumer]]
-        name = "hook"
-        plugin = "exec"
-        paths = ["{root}"]
-        [consumer.options]
-        command = ["{sys.executable}", "{tmp_path / 'hook.py'}"]
-    """))
+    cfg = hook_daemon_config(tmp_path, root, hook=HOOK)
 
     async def start() -> asyncio.subprocess.Process:
         return await asyncio.create_subprocess_exec(
@@ -72,9 +56,9 @@ async def test_kill_9_during_batch_then_restart(tmp_path):
 
     daemon = await start()
     try:
-        await wait_until(lambda: len(deliveries(tmp_path)) == 2)
+        await until(lambda: len(deliveries(tmp_path)) == 2)
         (root / "block.conf").write_text("takes forever")
-        await wait_until(lambda: (tmp_path / "blocked").exists())
+        await until(lambda: (tmp_path / "blocked").exists())
         os.killpg(daemon.pid, signal.SIGKILL)  # reloadd and the hook it runs
         await daemon.wait()
     finally:
@@ -83,9 +67,9 @@ async def test_kill_9_during_batch_then_restart(tmp_path):
     (tmp_path / "unblock").write_text("")
     daemon = await start()
     try:
-        await wait_until(lambda: sum("block.conf" in line for line in deliveries(tmp_path)) == 2)
+        await until(lambda: sum("block.conf" in line for line in deliveries(tmp_path)) == 2)
         (root / "c.conf").write_text("after restart")
-        await wait_until(lambda: any("c.conf" in line for line in deliveries(tmp_path)))
+        await until(lambda: any("c.conf" in line for line in deliveries(tmp_path)))
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(daemon.wait(), 30) == 0

@@ -128,3 +128,26 @@ async def test_embedders_asyncio_handler_restored(tmp_path, recorder_cls):
         await asyncio.wait_for(seen.wait(), 5)
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
+
+
+async def test_a_consumers_own_trigger_says_so_and_sighup_says_signal(tmp_path, recorder_cls, start_reloader):
+    """Who asked for a forced pass reaches the consumer: its own ``ctx.trigger`` is not an operator's SIGHUP."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.conf").write_text("a")
+    rec = recorder_cls([root], name="rec")
+    r = await start_reloader(rec, install_signal_handlers=True)
+    await rec.wait_path(root / "a.conf")
+    await r.wait_idle(10)
+    rec.batches.clear()
+    rec.ctx.trigger([root / "a.conf"])
+    await rec.wait_for(lambda x: len(x.changes) == 1)
+    rec.ctx.trigger(None)  # every path of this consumer
+    await rec.wait_for(lambda x: len(x.changes) == 2)
+    assert [b.reason for b in rec.batches] == [Reason.TRIGGER, Reason.TRIGGER]
+    assert all(c.forced for c in rec.changes)
+    await r.wait_idle(10)
+    rec.batches.clear()
+    os.kill(os.getpid(), signal.SIGHUP)
+    await rec.wait_for(lambda x: len(x.changes) == 1)
+    assert [b.reason for b in rec.batches] == [Reason.SIGNAL]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reloadd import ChangeKind
-from tests.faults._daemon import until
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,21 +7,10 @@ import contextlib
 import os
 import signal
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from reloadd._control import request
-
-
-async def until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll ``pred`` (state another process writes, so no event to await) until true."""
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 class Daemon:

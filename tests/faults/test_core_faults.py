@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from reloadd import BaseConsumer, Batch, Change, ChangeKind, ConsumerContext, Fingerprint, Result
+from tests.daemon_config import hook_daemon_config
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,32 +41,14 @@ def lines(p: Path) -> list[str]:
     return p.read_text().splitlines() if p.exists() else []
 
 
-async def until(pred, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            raise TimeoutError
-        await asyncio.sleep(0.05)  # another process's files
+  # another process's files
 
 
 @pytest.mark.parametrize(("grace", "hook_seconds", "finishes"), [("10s", "1", True), ("300ms", "30", False)])
 async def test_sigterm_during_work(tmp_path, grace, hook_seconds, finishes, reliability):
     root = tmp_path / "root"
     root.mkdir()
-    (tmp_path / "hook.py").write_text(SLOW_HOOK)
-    cfg = tmp_path / "reloadd.toml"
-    cfg.write_text(textwrap.dedent(f"""
-        [reloadd]
-        state_dir = "{tmp_path / 'state'}"
-        quiet = "100ms"
-        shutdown_grace = "{grace}"
-        [[consumer]]
-        name = "hook"
-        plugin = "exec"
-        paths = ["{root}"]
-        [consumer.options]
-        command = ["{sys.executable}", "{tmp_path / 'hook.py'}"]
-    """))
+    cfg = hook_daemon_config(tmp_path, root, hook=SLOW_HOOK, shutdown_grace=grace)
     env = {**os.environ, "HOOK_SECONDS": hook_seconds}
 
     async def start() -> asyncio.subprocess.Process:

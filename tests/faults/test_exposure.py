@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from ._daemon import Daemon, until
+from tests.waiting import until
+
+from ._daemon import Daemon
 
 pytestmark = pytest.mark.timeout(120)
 

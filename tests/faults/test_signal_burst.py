@@ -11,16 +11,17 @@ import asyncio
 import json
 import os
 import signal
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.daemon_config import hook_daemon_config
 from tests.reliability import Reliability
+from tests.waiting import until
 
-from ._daemon import Daemon, until
+from ._daemon import Daemon
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,25 +49,11 @@ async def test_sighup_burst(tmp_path: Path, reliability: Reliability) -> None:
     root.mkdir()
     for i in range(FILES):
         (root / f"f{i:02d}.conf").write_text(str(i))
-    (tmp_path / "hook.py").write_text(HOOK)
     log = tmp_path / "batches.jsonl"
     sock = tmp_path / "ctl.sock"
-    cfg = tmp_path / "reloadd.toml"
-    cfg.write_text(textwrap.dedent(f"""
-        [reloadd]
-        state_dir = "{tmp_path / 'state'}"
-        control_socket = "{sock}"
-        quiet = "100ms"
-        [[consumer]]
-        name = "hook"
-        plugin = "exec"
-        paths = ["{root}"]
-        [consumer.options]
-        command = ["{sys.executable}", "{tmp_path / 'hook.py'}"]
-    """))
+    cfg = hook_daemon_config(tmp_path, root, hook=HOOK, control_socket=sock)
     async with Daemon(cfg, tmp_path / "daemon.log", env={"BURST_LOG": str(log)}, control_socket=sock) as daemon:
-        await until(lambda: daemon.idle() and sum(len(b["paths"]) for b in batches(log)) >= FILES,  # type: ignore[arg-type]
-                    what="start-up pass")
+        await until(lambda: daemon.idle() and sum(len(b["paths"]) for b in batches(log)) >= FILES, what="start-up pass")
         before = len(batches(log))
         t0 = time.monotonic()
         for _ in range(SIGNALS):

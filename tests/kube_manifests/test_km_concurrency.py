@@ -17,9 +17,10 @@ from reloadd_kube_manifests import LABEL_PART_OF
 
 import reloadd
 from reloadd import Ack
+from tests.waiting import until
 
 from .support import Harness, KubeCluster, cm
-from .test_km_faults import cm_path, eventually
+from .test_km_faults import cm_path
 from .test_km_reloader import write_atomic
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,22 +58,22 @@ async def test_a_file_stuck_in_retries_does_not_delay_another_files_edit(
     path = cm_path(namespace, "edited")
     try:
         async with reloadd.Reloader(cfg) as r:
-            await eventually(lambda: (kube.get(path) or {}).get("data") == {"v": "1"}, "the first apply")
+            await until(lambda: (kube.get(path) or {}).get("data") == {"v": "1"}, what="the first apply")
             # Both files came in the start-up batch, which is still waiting for the stuck CRD.
             assert str(stuck) in r.status()["consumers"]["manifests"]["in_flight"]
             started = time.monotonic()
             write_atomic(ok, [cm("edited", namespace, v="2")])
-            await eventually(lambda: kube.get(path)["data"] == {"v": "2"}, "the edit", timeout=30)
+            await until(lambda: kube.get(path)["data"] == {"v": "2"}, what="the edit", timeout=30)
             took = time.monotonic() - started
             assert took < 1.0, f"the edit took {took:.2f}s behind the slow file of its batch"
 
             def stuck_alone_in_flight() -> bool:
                 return bool(r.status()["consumers"]["manifests"]["in_flight"] == [str(stuck)])
 
-            await eventually(stuck_alone_in_flight, "the stuck file's retry to start")
+            await until(stuck_alone_in_flight, what="the stuck file's retry to start")
             started = time.monotonic()
             write_atomic(ok, [cm("edited", namespace, v="3")])
-            await eventually(lambda: kube.get(path)["data"] == {"v": "3"}, "the second edit", timeout=30)
+            await until(lambda: kube.get(path)["data"] == {"v": "3"}, what="the second edit", timeout=30)
             took = time.monotonic() - started
             unresolved = r.status()["consumers"]["manifests"]
             # still being retried: in flight, in backoff, or queued again (a change seen while in flight)

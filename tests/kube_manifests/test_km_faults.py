@@ -9,10 +9,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from reloadd_kube_manifests import parent_name
 
 import reloadd
 from reloadd import Ack, Reject, Retry
+from tests.waiting import until
 
 from .support import Harness, KubeCluster, cm
 from .test_km_reloader import write_atomic
@@ -33,14 +33,6 @@ APISERVICES = "/apis/apiregistration.k8s.io/v1/apiservices"
 
 def cm_path(ns: str, name: str) -> str:
     return f"/api/v1/namespaces/{ns}/configmaps/{name}"
-
-
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Poll the API server until ``check`` holds (there is no event to await for its internal state)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def apiservice(name: str, group: str, version: str) -> dict[str, Any]:
@@ -61,11 +53,11 @@ async def metrics_api_down(kube: KubeCluster) -> AsyncIterator[None]:
     status, body = kube.request("POST", APISERVICES, apiservice(name, "metrics.k8s.io", "v1beta1"))
     assert status == 201, body
     try:
-        await eventually(lambda: kube.request("GET", METRICS_GV)[0] == 503, "the aggregator to answer 503")
+        await until(lambda: kube.request("GET", METRICS_GV)[0] == 503, what="the aggregator to answer 503")
         yield
     finally:
         kube.request("DELETE", f"{APISERVICES}/{name}")
-        await eventually(lambda: kube.request("GET", METRICS_GV)[0] == 404, "the APIService to go away")
+        await until(lambda: kube.request("GET", METRICS_GV)[0] == 404, what="the APIService to go away")
 
 
 async def test_unavailable_aggregated_api_holds_back_only_its_own_objects(
@@ -114,14 +106,14 @@ async def test_daemon_start_with_an_unavailable_aggregated_api_applies_the_rest_
     })
     started = time.monotonic()
     async with reloadd.Reloader(cfg) as r:
-        await eventually(lambda: kube.get(cm_path(namespace, "boot-2")) is not None, "the ordinary manifests")
+        await until(lambda: kube.get(cm_path(namespace, "boot-2")) is not None, what="the ordinary manifests")
         took = time.monotonic() - started
 
         def waiting() -> list[dict[str, Any]]:
             failing = r.status()["consumers"]["manifests"]["failing"]
             return [f for f in failing if f["path"] == str(metrics)]
 
-        await eventually(lambda: bool(waiting()), "the metrics object to wait for its API")
+        await until(lambda: bool(waiting()), what="the metrics object to wait for its API")
         assert "doc 1 (line 1) NodeMetrics n: waiting for its API: " in waiting()[0]["error"]
         assert "metrics.k8s.io/v1beta1 is unavailable (503 service unavailable)" in waiting()[0]["error"]
     assert took < 2.0, f"the ordinary manifests took {took:.2f}s from start"
@@ -131,9 +123,9 @@ async def test_daemon_start_with_an_unavailable_aggregated_api_applies_the_rest_
     write_atomic(manifests / "added.yaml", [cm("boot-3", namespace)])
     started = time.monotonic()
     async with reloadd.Reloader(cfg):
-        await eventually(lambda: kube.get(cm_path(namespace, "boot-3")) is not None
+        await until(lambda: kube.get(cm_path(namespace, "boot-3")) is not None
                          and (kube.get(cm_path(namespace, "boot-1")) or {}).get("data") == {"v": "2"},
-                         "the changes made while stopped")
+                    what="the changes made while stopped")
         took = time.monotonic() - started
     assert took < 2.0, f"after the restart the changed manifests took {took:.2f}s"
 

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import pytest
 
 from reloadd._control import request
 from tests.kube.apiserver import KubeCluster
+from tests.waiting import until
 
 from .support import cm
 
@@ -116,15 +117,6 @@ async def nodes(fleet_kube: KubeCluster, tmp_path: Path) -> AsyncIterator[dict[s
         await asyncio.to_thread(node.stop)
 
 
-async def until(check: Callable[[], bool], what: str, timeout: float) -> float:
-    """Poll (other processes and the apiserver: nothing of ours to await); the seconds it took."""
-    start = time.monotonic()
-    while not await asyncio.to_thread(check):
-        assert time.monotonic() - start < timeout, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
-
-
 def holder(kube: KubeCluster) -> str:
     lease = kube.get(LEASE)
     return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
@@ -176,10 +168,11 @@ async def test_one_leader_applies_takeovers_are_fenced_and_foreign_sets_stay(
         if name != "node-c":  # node-c's copy lacks b.yaml: it must never prune what b.yaml made
             node.write("b.yaml", [cm("b", "fleet", v="1")])
     nodes["node-a"].start()
-    await until(lambda: value(kube, "a") == "1" and value(kube, "b") == "1", "node-a applied", 60)
+    await until(lambda: value(kube, "a") == "1" and value(kube, "b") == "1",
+                what="node-a applied", timeout=60, thread=True)
     for name in ("node-b", "node-c"):
         nodes[name].start()
-    await until(lambda: all(n.note() for n in nodes.values()), "every daemon answering", 60)
+    await until(lambda: all(n.note() for n in nodes.values()), what="every daemon answering", timeout=60, thread=True)
     assert leaders(nodes) == ["node-a"], [n.note() for n in nodes.values()]
     assert all(n.note().startswith("standby (leader: ") for k, n in nodes.items() if k != "node-a")
     await asyncio.sleep(2.0)  # the standbys handled (and deferred) their copies meanwhile, past ready_max_age
@@ -192,18 +185,18 @@ async def test_one_leader_applies_takeovers_are_fenced_and_foreign_sets_stay(
     killed = time.monotonic()
     for name in ("node-b", "node-c"):
         nodes[name].write("a.yaml", [cm("a", "fleet", v="2")])  # the edit made right after the kill
-    await until(lambda: holder(kube) not in ("", old), "a new Lease holder", 30)
+    await until(lambda: holder(kube) not in ("", old), what="a new Lease holder", timeout=30, thread=True)
     took = time.monotonic() - killed
     assert took <= DURATION + 1.2 * RETRY + 0.5, f"new holder after {took:.1f}s"
-    await until(lambda: value(kube, "a") == "2", "the edit applied by the new leader", 30)
+    await until(lambda: value(kube, "a") == "2", what="the edit applied by the new leader", timeout=30, thread=True)
     (second,) = await asyncio.to_thread(leaders, nodes)
     third = "node-b" if second == "node-c" else "node-c"
 
     # SIGSTOP of that leader past its lease, then SIGCONT: it writes nothing after the next leader's first write.
     nodes[second].signal(signal.SIGSTOP)
-    await until(lambda: third in leaders({third: nodes[third]}), "the last node leading", 30)
+    await until(lambda: third in leaders({third: nodes[third]}), what="the last node leading", timeout=30, thread=True)
     nodes[third].write("a.yaml", [cm("a", "fleet", v="3")])
-    await until(lambda: value(kube, "a") == "3", "the third leader's edit", 30)
+    await until(lambda: value(kube, "a") == "3", what="the third leader's edit", timeout=30, thread=True)
     first_write = min(t for t, user, _v, _r in writes(kube) if user == third)
     nodes[second].write("a.yaml", [cm("a", "fleet", v="stale")])  # what the paused leader would apply on waking
     nodes[second].signal(signal.SIGCONT)
@@ -218,7 +211,8 @@ async def test_one_leader_applies_takeovers_are_fenced_and_foreign_sets_stay(
 
     # SIGTERM: the Lease is released, and the other takes over within two retry periods of the release.
     nodes[third].signal(signal.SIGTERM)
-    await until(lambda: second in leaders({second: nodes[second]}), "takeover after a clean stop", 30)
+    await until(lambda: second in leaders({second: nodes[second]}),
+                what="takeover after a clean stop", timeout=30, thread=True)
     released = max(t for t, user, verb in lease_writes(kube) if user == third)
     taken = min(t for t, user, verb in lease_writes(kube) if user == second and t > released)
     assert taken - released <= 2 * RETRY, f"taken over {taken - released:.2f}s after the release"
@@ -234,13 +228,14 @@ async def test_one_leader_applies_takeovers_are_fenced_and_foreign_sets_stay(
         if name != second:
             await asyncio.to_thread(nodes[name].stop)  # reaped (killed, or stopping after its SIGTERM)
             nodes[name].start()
-    await until(lambda: sum(bool(n.note()) for n in nodes.values()) == 3, "all three daemons up", 60)
+    await until(lambda: sum(bool(n.note()) for n in nodes.values()) == 3,
+                what="all three daemons up", timeout=60, thread=True)
     await asyncio.to_thread(kube.restart_apiserver)
     counts = []
     end = time.monotonic() + DURATION + 3.0
     while time.monotonic() < end:
         counts.append(len(await asyncio.to_thread(leaders, nodes)))
-    await until(lambda: len(leaders(nodes)) == 1, "one leader after the restart", 30)
+    await until(lambda: len(leaders(nodes)) == 1, what="one leader after the restart", timeout=30, thread=True)
     assert max(counts) <= 1, counts
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +18,12 @@ import pytest
 import reloadd
 from reloadd._plan import plan
 from reloadd._terminal import format_status
+from tests.waiting import until
 
 from ._corpus import Kubectl
 from .support import KubeCluster, cm
 
 pytestmark = pytest.mark.timeout(180)
-
-
-async def eventually(check: Callable[[], bool], what: str, timeout: float) -> float:
-    """Poll until ``check`` holds (the API server has no event to await here); the seconds it took."""
-    start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < timeout, f"timed out after {timeout}s waiting for {what}"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
 
 
 def write(path: Path, objs: list[dict[str, Any]]) -> None:
@@ -77,14 +69,14 @@ async def test_deleted_and_edited_members_come_back_and_other_managers_fields_st
         uid = kube.get(path + "guard-a")["metadata"]["uid"]
 
         await kubectl("delete", "configmap", "guard-a", "-n", namespace)
-        took = await eventually(lambda: (kube.get(path + "guard-a") or {}).get("data") == {"v": "1"},
-                                "the deleted member recreated", 10)
+        took = await until(lambda: (kube.get(path + "guard-a") or {}).get("data") == {"v": "1"},
+                           what="the deleted member recreated", timeout=10)
         assert took <= 3.0, f"recreated after {took:.1f}s"
         assert kube.get(path + "guard-a")["metadata"]["uid"] != uid
 
         await kubectl("patch", "configmap", "guard-b", "-n", namespace, "--type=merge", "-p", '{"data":{"v":"x"}}')
-        took = await eventually(lambda: kube.get(path + "guard-b")["data"] == {"v": "1"},
-                                "the patched field reverted", 10)
+        took = await until(lambda: kube.get(path + "guard-b")["data"] == {"v": "1"},
+                           what="the patched field reverted", timeout=10)
         assert took <= 3.0, f"reverted after {took:.1f}s"
 
         await r.wait_idle(30)
@@ -115,7 +107,8 @@ async def test_a_file_edit_is_not_drift_and_pruned_objects_stay_pruned(
         await r.wait_idle(60)
         for v in range(2, 6):
             write(a, [cm("own-a", namespace, v=str(v), extra=str(v))])
-            await eventually(lambda v=v: kube.get(path + "own-a")["data"]["v"] == str(v), "the edit applied", 10)
+            await until(lambda v=v: kube.get(path + "own-a")["data"]["v"] == str(v),
+                        what="the edit applied", timeout=10)
             await r.wait_idle(30)
         await asyncio.sleep(2)  # nothing to wait for: no drift may follow reloadd's own writes
         await r.wait_idle(30)
@@ -136,7 +129,7 @@ async def test_detect_reports_without_changing_and_off_does_nothing(
             await r.wait_idle(60)
             await kubectl("patch", "configmap", name, "-n", namespace, "--type=merge", "-p", '{"data":{"v":"x"}}')
             if mode == "detect":
-                await eventually(lambda r=r: bool(drift_entries(r)), "the drift listed", 10)
+                await until(lambda r=r: bool(drift_entries(r)), what="the drift listed", timeout=10)
             await asyncio.sleep(3)  # nothing to wait for: the assertion is that nothing is changed
             await r.wait_idle(30)
             assert kube.get(path + name)["data"] == {"v": "x"}, f"drift = {mode} changed the object"
@@ -206,7 +199,8 @@ async def test_drift_made_while_the_apiserver_restarts_is_corrected(tmp_path: Pa
             status, body = kube.request("PATCH", path + "edited?fieldManager=offline-edit", {"data": {"v": "x"}},
                                         content_type="application/merge-patch+json")
             assert status == 200, body
-            await eventually(lambda: (kube.get(path + "gone") or {}).get("data") == {"v": "1"}
-                             and kube.get(path + "edited")["data"] == {"v": "1"}, "the drift corrected", 30)
+            await until(lambda: (kube.get(path + "gone") or {}).get("data") == {"v": "1"}
+                             and kube.get(path + "edited")["data"] == {"v": "1"},
+                        what="the drift corrected", timeout=30)
             stats = r.snapshot().consumers[0].stats
             assert stats["watch_relists"] >= 1, stats

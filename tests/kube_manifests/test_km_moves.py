@@ -21,9 +21,10 @@ from reloadd_kube_manifests import LABEL_PART_OF, applyset_id, parent_name
 
 import reloadd
 from reloadd import Ack, Retry
+from tests.waiting import until
 
 from .support import Harness, KubeCluster, cm
-from .test_km_reloader import eventually, write_atomic
+from .test_km_reloader import write_atomic
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -101,7 +102,7 @@ def deferred(r: reloadd.Reloader) -> int:
 async def check_moved(kube: KubeCluster, r: reloadd.Reloader, objs: dict[str, str], before: dict[str, str | None],
                       old_rel: str, new_rel: str) -> None:
     """Every object kept its uid and moved to ``new_rel``'s set; ``old_rel``'s parent is gone."""
-    await eventually(lambda: kube.get(parent_url(old_rel)) is None, "the old parent removed")
+    await until(lambda: kube.get(parent_url(old_rel)) is None, what="the old parent removed")
     await r.wait_idle(30)
     assert uids(kube, objs) == before, "the move deleted and re-created objects"
     assert labels(kube, objs) == dict.fromkeys(objs, set_id(new_rel))
@@ -134,7 +135,7 @@ async def test_move_into_a_folder_created_just_before_keeps_every_object(
         before = uids(kube, objs)
         watches = r.watch_count
         os.mkdir(root / "new")
-        await eventually(lambda: r.watch_count > watches, "the new folder watched")
+        await until(lambda: r.watch_count > watches, what="the new folder watched")
         os.rename(root / "dir" / "app.yaml", root / "new" / "app.yaml")
         await check_moved(kube, r, objs, before, "dir/app.yaml", "new/app.yaml")
 
@@ -166,8 +167,8 @@ async def test_an_edited_move_keeps_what_it_still_declares(kube: KubeCluster, tm
         os.rename(root / "dir" / "app.yaml", root / "new" / "app.yaml")
         # Edited on arrival: "two" dropped, "one" changed.
         write_atomic(root / "new" / "app.yaml", [cm("one", namespace, v="edited"), secret("token", namespace)])
-        await eventually(lambda: kube.get(objs["two"]) is None, "the dropped object pruned")
-        await eventually(lambda: kube.get(parent_url("dir/app.yaml")) is None, "the old parent removed")
+        await until(lambda: kube.get(objs["two"]) is None, what="the dropped object pruned")
+        await until(lambda: kube.get(parent_url("dir/app.yaml")) is None, what="the old parent removed")
         await r.wait_idle(30)
         kept = {k: u for k, u in objs.items() if k != "two"}
         assert uids(kube, kept) == {k: before[k] for k in kept}, "the move re-created objects it still declares"
@@ -189,21 +190,21 @@ async def test_a_genuine_delete_prunes_after_the_grace_and_holds_back_no_other_f
     async with running(config(kube, tmp_path, [root], move_grace=f"{grace}s", concurrency=1)) as r:
         started = time.monotonic()
         (root / "app.yaml").unlink()
-        await eventually(handed_over(r, root / "app.yaml"), "the delete handed over")
+        await until(handed_over(r, root / "app.yaml"), what="the delete handed over")
         waiting = r.status()["consumers"][CONSUMER]
         # A removal held for the grace is a deliberate wait, not a failure: listed as deferred, due at the grace.
         assert waiting["failing"] == [], waiting
         assert [d["path"] for d in waiting["deferred"]] == [str(root / "app.yaml")], waiting
         assert "move_grace" in waiting["deferred"][0]["reason"]
         write_atomic(root / "other.yaml", [cm("other", namespace, v="2")])
-        await eventually(lambda: kube.get(other)["data"] == {"v": "2"}, "the other file's edit")
+        await until(lambda: kube.get(other)["data"] == {"v": "2"}, what="the other file's edit")
         edited = time.monotonic() - started
-        await eventually(lambda: all(kube.get(u) is None for u in objs.values()), "the objects pruned")
+        await until(lambda: all(kube.get(u) is None for u in objs.values()), what="the objects pruned")
         took = time.monotonic() - started
         assert edited < grace < took, f"edit applied after {edited:.2f}s, objects pruned after {took:.2f}s"
         assert took < grace + 1, f"pruned {took:.2f}s after the delete, with a {grace}s grace"
         # the parent goes last, just after its members
-        await eventually(lambda: kube.get(parent_url("app.yaml")) is None, "the parent removed")
+        await until(lambda: kube.get(parent_url("app.yaml")) is None, what="the parent removed")
         await r.wait_idle(30)
         status = r.status()["consumers"][CONSUMER]
         assert not status["failing"] and status["records"] == 1, status
@@ -220,14 +221,14 @@ async def test_an_unrelated_file_in_the_window_does_not_keep_the_objects(
     async with running(config(kube, tmp_path, [root], move_grace="3s")) as r:
         old = set_id("dir/app.yaml")
         (root / "dir" / "app.yaml").unlink()
-        await eventually(handed_over(r, root / "dir" / "app.yaml"), "the delete handed over")
+        await until(handed_over(r, root / "dir" / "app.yaml"), what="the delete handed over")
         # Same basename in a new folder, as a move would look by name, but other objects.
         os.mkdir(root / "new")
         write_atomic(root / "new" / "app.yaml", [cm("other", namespace, v="x")])
-        await eventually(lambda: kube.get(other) is not None, "the new file applied")
+        await until(lambda: kube.get(other) is not None, what="the new file applied")
         assert set(labels(kube, objs).values()) <= {old, None}, "the new file took the deleted file's objects"
-        await eventually(lambda: all(kube.get(u) is None for u in objs.values()), "the objects pruned")
-        await eventually(lambda: kube.get(parent_url("dir/app.yaml")) is None, "the old parent removed")
+        await until(lambda: all(kube.get(u) is None for u in objs.values()), what="the objects pruned")
+        await until(lambda: kube.get(parent_url("dir/app.yaml")) is None, what="the old parent removed")
         await r.wait_idle(30)
         assert labels(kube, {"other": other}) == {"other": set_id("new/app.yaml")}
 
@@ -252,14 +253,14 @@ async def test_a_restart_in_the_window_neither_loses_the_prune_nor_the_move(
         before = uids(kube, objs)
         (root / "gone.yaml").unlink()  # a genuine delete
         os.rename(root / "dir" / "app.yaml", outside / "app.yaml")  # the first half of a move
-        await eventually(handed_over(r, root / "gone.yaml", root / "dir" / "app.yaml"), "both deletes handed over")
+        await until(handed_over(r, root / "gone.yaml", root / "dir" / "app.yaml"), what="both deletes handed over")
         assert still_there(gone)() and still_there(objs)(), "pruned before the restart"
         assert deferred(r) == 2
     # Stopped in the middle of the window; the move completes while reloadd is down.
     os.mkdir(root / "new")
     os.rename(outside / "app.yaml", root / "new" / "app.yaml")
     async with running(config(kube, tmp_path, [root], move_grace="1s")) as r:
-        await eventually(lambda: kube.get(gone["gone"]) is None, "the genuine delete pruned after the restart")
+        await until(lambda: kube.get(gone["gone"]) is None, what="the genuine delete pruned after the restart")
         await check_moved(kube, r, objs, before, "dir/app.yaml", "new/app.yaml")
         assert kube.get(parent_url("gone.yaml")) is None
 
@@ -341,7 +342,7 @@ async def test_the_move_grace_counts_down_in_status(kube: KubeCluster, tmp_path:
     write_atomic(root / "stays.yaml", [cm("stays", namespace, v="1")])
     async with running(config(kube, tmp_path, [root], move_grace="30s")) as r:
         (root / "app.yaml").unlink()
-        await eventually(lambda: len(r.status()["consumers"][CONSUMER]["deferred"]) == 1, "the removal deferred")
+        await until(lambda: len(r.status()["consumers"][CONSUMER]["deferred"]) == 1, what="the removal deferred")
 
         def left() -> float:
             entry = r.status()["consumers"][CONSUMER]["deferred"][0]

@@ -9,7 +9,7 @@ import pytest
 from reloadd_kube_manifests import parent_name
 
 import reloadd
-from tests.faults._daemon import until
+from tests.waiting import until
 
 from .support import KubeCluster, cm
 from .test_km_moves import running, uids

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +13,11 @@ import pytest
 from reloadd_kube_manifests import LABEL_PART_OF
 
 import reloadd
+from tests.waiting import until
 
 from .support import KubeCluster, cm
 
 pytestmark = pytest.mark.timeout(120)
-
-
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Poll the API server until ``check`` holds (it has no event to await for an object's content)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def write_atomic(path: Path, objs: list[dict[str, Any]]) -> None:
@@ -55,25 +45,25 @@ async def test_files_applied_pruned_and_drift_restored_on_sighup(kube: KubeClust
         assert kube.get(path_a)["data"] == {"v": "1"}
 
         write_atomic(manifests / "a.yaml", [cm("e2e-a", namespace, v="2")])
-        await eventually(lambda: kube.get(path_b) is None, "e2e-b pruned")
+        await until(lambda: kube.get(path_b) is None, what="e2e-b pruned")
         assert kube.get(path_a)["data"] == {"v": "2"}
 
         obj = kube.get(path_a)
         obj["data"]["v"] = "drifted"
         assert kube.request("PUT", path_a, obj)[0] == 200
         os.kill(os.getpid(), signal.SIGHUP)
-        await eventually(lambda: kube.get(path_a)["data"] == {"v": "2"}, "drift restored after SIGHUP")
+        await until(lambda: kube.get(path_a)["data"] == {"v": "2"}, what="drift restored after SIGHUP")
 
         uid = kube.get(path_a)["metadata"]["uid"]
         old_set = kube.get(path_a)["metadata"]["labels"][LABEL_PART_OF]
         (manifests / "a.yaml").rename(manifests / "renamed.yaml")
-        await eventually(lambda: kube.get(path_a)["metadata"]["labels"][LABEL_PART_OF] != old_set,
-                         "e2e-a moved to the renamed file's set")
+        await until(lambda: kube.get(path_a)["metadata"]["labels"][LABEL_PART_OF] != old_set,
+                    what="e2e-a moved to the renamed file's set")
         await r.wait_idle(30)
         assert kube.get(path_a)["metadata"]["uid"] == uid, "the rename deleted and re-created the object"
 
         (manifests / "renamed.yaml").unlink()
-        await eventually(lambda: kube.get(path_a) is None, "e2e-a deleted with its file")
+        await until(lambda: kube.get(path_a) is None, what="e2e-a deleted with its file")
         await r.wait_idle(30)
 
 

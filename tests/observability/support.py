@@ -9,8 +9,7 @@ import os
 import signal
 import sys
 import tempfile
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,20 +65,6 @@ def short_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="rld-", dir="/tmp"))
 
 
-def write_config(path: Path, reloadd: dict[str, Any], consumers: list[dict[str, Any]]) -> Path:
-    """Write a reloadd.toml (values are JSON-compatible TOML literals)."""
-    lines = ["[reloadd]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in reloadd.items()]
-    for c in consumers:
-        lines.append("[[consumer]]")
-        opts = c.get("options", {})
-        lines += [f"{k} = {json.dumps(v)}" for k, v in c.items() if k != "options"]
-        lines.append("[consumer.options]")
-        lines += [f"{k} = {json.dumps(v)}" for k, v in opts.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 async def http_get(url: str, accept: str | None = None) -> tuple[int, dict[str, str], bytes]:
     """GET ``url`` (``http://host:port/path``) without blocking the loop."""
     rest = url.removeprefix("http://")
@@ -123,15 +108,6 @@ async def scrape(base: str) -> Samples:
     status, _, body = await http_get(base + "/metrics")
     assert status == 200, body
     return parse_metrics(body.decode())
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 20.0, what: str = "") -> None:
-    """Poll ``check`` until true: for state only observable from outside (another process, a scrape)."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
-        await asyncio.sleep(0.05)
 
 
 def free_port() -> int:

@@ -15,7 +15,10 @@ from typing import Any
 
 import pytest
 
-from .support import Daemon, Hook, eventually, free_port, run_daemon, sample, scrape, short_dir, write_config
+from tests.daemon_config import write_config
+from tests.waiting import until
+
+from .support import Daemon, Hook, free_port, run_daemon, sample, scrape, short_dir
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -50,7 +53,7 @@ async def wait_socket(daemon: Daemon, path: Path) -> None:
         assert daemon.proc.returncode is None, daemon.stderr()
         return path.exists()  # noqa: ASYNC240 - one stat
 
-    await eventually(up, what=str(path))
+    await until(up, what=str(path))
 
 
 async def test_status_shows_failing_path_with_error_over_a_0600_socket(sdir: Path) -> None:
@@ -68,7 +71,7 @@ async def test_status_shows_failing_path_with_error_over_a_0600_socket(sdir: Pat
             doc = await status_json(daemon)
             return bool(doc["consumers"]["hook"]["records"] == 1)
 
-        await eventually(acked, what="good.txt acknowledged")
+        await until(acked, what="good.txt acknowledged")
         code, out, _ = await daemon.cli("status")
         assert code == 0, out
         assert "ready" in out.splitlines()[0] and "consumer hook (reloadd_exec)" in out
@@ -83,7 +86,7 @@ async def test_status_shows_failing_path_with_error_over_a_0600_socket(sdir: Pat
             seen.append(await status_json(daemon))
             return bool(seen[-1]["consumers"]["hook"]["failing"])
 
-        await eventually(failing, what="bad.txt failing")
+        await until(failing, what="bad.txt failing")
         doc = seen[-1]
         c = doc["consumers"]["hook"]
         assert c["roots"] == [str(sdir / "watched")]
@@ -97,7 +100,7 @@ async def test_status_shows_failing_path_with_error_over_a_0600_socket(sdir: Pat
             seen.append({"out": seen_out, "code": code})
             return f"FAILING:   {bad}: attempt" in seen_out
 
-        await eventually(shown, what="the failing path in the table")
+        await until(shown, what="the failing path in the table")
         out = str(seen[-1]["out"])
         assert seen[-1]["code"] == 3  # answered, but something is failing
         assert "retry in" in out and "exited with 1" in out
@@ -129,7 +132,7 @@ async def test_reload_produces_one_forced_resync(sdir: Path, via: str) -> None:
         async def started() -> bool:
             return len([c for b in hook.calls() for c in b["changes"]]) == 2
 
-        await eventually(started, what="the initial pass")
+        await until(started, what="the initial pass")
         m = await scrape(base)
         assert sample(m, "reloadd_resyncs_total") == 0
 
@@ -144,7 +147,7 @@ async def test_reload_produces_one_forced_resync(sdir: Path, via: str) -> None:
                     and sample(m, "reloadd_consumer_in_flight", consumer="hook") == 0
                     and len([b for b in hook.calls() if b["reason"] == "signal"]) >= 1)
 
-        await eventually(resynced, what="one resync handled")
+        await until(resynced, what="one resync handled")
         signal_batches = [b for b in hook.calls() if b["reason"] == "signal"]
         assert sorted(c["path"] for b in signal_batches for c in b["changes"]) == [
             str(sdir / "watched" / "a.txt"), str(sdir / "watched" / "b.txt")]

@@ -23,9 +23,11 @@ from pathlib import Path
 import pytest
 
 from reloadd._webserver import _BACKLOG, HEAD_TIMEOUT, MAX_CONNECTIONS
+from tests.daemon_config import write_config
 from tests.reliability import Reliability
+from tests.waiting import until
 
-from .support import Hook, eventually, free_port, http_get, run_daemon, short_dir, write_config
+from .support import Hook, free_port, http_get, run_daemon, short_dir
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -117,7 +119,7 @@ async def test_half_open_flood_starves_neither_health_nor_consumers(sdir: Path, 
         async def acked(name: str) -> bool:
             return any(c["path"].endswith(name) for call in hook.calls() for c in call["changes"])
 
-        await eventually(lambda: acked("a.conf"), what="the initial pass")
+        await until(lambda: acked("a.conf"), what="the initial pass")
         await healthz_latency(base, 10.0)
         baseline = fd_count(pid)
 
@@ -145,7 +147,7 @@ async def test_half_open_flood_starves_neither_health_nor_consumers(sdir: Path, 
             t0 = time.monotonic()
             (root / "b.conf").write_text("b")
             probe = asyncio.create_task(healthz_latency(base, 5.0))
-            await eventually(lambda: acked("b.conf"), timeout=5.0, what="the exec consumer during the flood")
+            await until(lambda: acked("b.conf"), timeout=5.0, what="the exec consumer during the flood")
             consumer_latency = time.monotonic() - t0
             acked_b = await acked("b.conf")
             latency, attempts = await probe

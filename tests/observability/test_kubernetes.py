@@ -13,10 +13,12 @@ import yaml
 
 from reloadd import Reloader, load_config
 from reloadd._services import services
+from tests.daemon_config import write_config
 from tests.kube.apiserver import KubeCluster
 from tests.kube_manifests._corpus import Kubectl
+from tests.waiting import until
 
-from .support import eventually, sample, scrape, write_config
+from .support import sample, scrape
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -153,14 +155,14 @@ async def test_rbac_is_enough_for_the_applier_and_no_more(kube: KubeCluster, tmp
         async def applied() -> bool:
             return await asyncio.to_thread(kube.get, deploy) is not None
 
-        await eventually(applied, timeout=60, what="the app applied with the example RBAC")
+        await until(applied, timeout=60, what="the app applied with the example RBAC")
         assert (await asyncio.to_thread(kube.get, "/api/v1/namespaces/demo-app/configmaps/web-config")) is not None
 
         async def refused() -> bool:
             rejected = r.status()["consumers"]["manifests"]["rejected"]
             return any(x["path"].endswith("escalate.yaml") for x in rejected)
 
-        await eventually(refused, timeout=60, what="the ClusterRole refused")
+        await until(refused, timeout=60, what="the ClusterRole refused")
         [err] = [x["error"] for x in r.status()["consumers"]["manifests"]["rejected"]]
         assert "forbidden" in err.lower()
         assert await asyncio.to_thread(kube.get, "/apis/rbac.authorization.k8s.io/v1/clusterroles/everything") is None
@@ -173,4 +175,4 @@ async def test_rbac_is_enough_for_the_applier_and_no_more(kube: KubeCluster, tmp
         async def pruned() -> bool:
             return await asyncio.to_thread(kube.get, deploy) is None
 
-        await eventually(pruned, timeout=60, what="the app pruned")
+        await until(pruned, timeout=60, what="the app pruned")

@@ -18,9 +18,10 @@ import reloadd._http
 from reloadd import BaseConsumer, Batch, ConfigError, ConsumerContext, Reject, Reloader, Result, load_config
 from reloadd._http import parse_listen
 from reloadd._services import Services, services
-from tests.faults._daemon import until
+from tests.daemon_config import write_config
+from tests.waiting import until
 
-from .support import Hook, eventually, http_get, sample, scrape, write_config
+from .support import Hook, http_get, sample, scrape
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,8 +74,8 @@ async def test_metrics_follow_success_retry_and_recovery(
     # success
     before = time.time()
     (watched / "a.txt").write_text("one")
-    await eventually(lambda: _has(base, "reloadd_consumer_results_total", 1, consumer="hook", outcome="success"),
-                     what="one success")
+    await until(lambda: _has(base, "reloadd_consumer_results_total", 1, consumer="hook", outcome="success"),
+                what="one success")
     m = await scrape(base)
     assert sample(m, "reloadd_consumer_batches_total", consumer="hook") == 1
     assert (sample(m, "reloadd_events_total", source="inotify", kind="written") or 0) >= 1
@@ -87,8 +88,8 @@ async def test_metrics_follow_success_retry_and_recovery(
     # failure -> retry with backoff: the path waits, its age grows, the plugin's failure counter moves
     hook.fail(3, "registry unreachable")
     (watched / "b.txt").write_text("two")
-    await eventually(lambda: _has(base, "reloadd_consumer_results_total", 1, consumer="hook", outcome="retry"),
-                     what="a retry")
+    await until(lambda: _has(base, "reloadd_consumer_results_total", 1, consumer="hook", outcome="retry"),
+                what="a retry")
     m = await scrape(base)
     assert sample(m, "reloadd_consumer_failing_paths", consumer="hook") == 1
     assert sample(m, "reloadd_consumer_queue_depth", consumer="hook") == 1
@@ -111,7 +112,7 @@ async def test_bursts_are_counted_as_coalesced(running: tuple[Reloader, Services
     r, _, base = running
     m0 = await scrape(base)
     _burst(watched / "burst.txt")
-    await eventually(lambda: _has(base, "reloadd_consumer_batches_total", 1, consumer="hook"), what="a batch")
+    await until(lambda: _has(base, "reloadd_consumer_batches_total", 1, consumer="hook"), what="a batch")
     await r.wait_idle(10)
     m = await scrape(base)
     assert (sample(m, "reloadd_changes_coalesced_total") or 0) > (sample(m0, "reloadd_changes_coalesced_total") or 0)
@@ -123,10 +124,10 @@ async def test_identical_content_is_counted_as_unchanged(
 ) -> None:
     r, _, base = running
     (watched / "same.txt").write_text("x")
-    await eventually(lambda: _has(base, "reloadd_consumer_batches_total", 1, consumer="hook"), what="a batch")
+    await until(lambda: _has(base, "reloadd_consumer_batches_total", 1, consumer="hook"), what="a batch")
     (watched / "same.txt").write_text("x")  # new mtime, same bytes
-    await eventually(lambda: _has(base, "reloadd_consumer_changes_unchanged_total", 1, consumer="hook"),
-                     what="the rewrite dropped as unchanged")
+    await until(lambda: _has(base, "reloadd_consumer_changes_unchanged_total", 1, consumer="hook"),
+                what="the rewrite dropped as unchanged")
     await r.wait_idle(10)
     m = await scrape(base)
     assert sample(m, "reloadd_consumer_batches_total", consumer="hook") == 1
@@ -150,7 +151,7 @@ async def test_permanent_failures_and_plugin_stats(tmp_path: Path, watched: Path
     async with services(r) as svc, r:
         base = (svc.metrics_url or "").removesuffix("/metrics")
         (watched / "bad.yaml").write_text("{")
-        await eventually(lambda: _has(base, "reloadd_consumer_results_total", 1, consumer="strict",
+        await until(lambda: _has(base, "reloadd_consumer_results_total", 1, consumer="strict",
                                       outcome="failure"), what="a rejection")
         await r.wait_idle(10)
         m = await scrape(base)
@@ -251,9 +252,9 @@ async def test_readyz_fails_when_a_path_waits_beyond_ready_max_age(
     async with services(r) as svc, r:
         base = (svc.metrics_url or "").removesuffix("/metrics")
         # the initial pass was attempted: a bad file alone does not hold readiness back...
-        await eventually(lambda: _status(base + "/readyz", 200), what="ready after the first attempt")
+        await until(lambda: _status(base + "/readyz", 200), what="ready after the first attempt")
         # ...but a path that keeps waiting does
-        await eventually(lambda: _status(base + "/readyz", 503), what="unready once stuck")
+        await until(lambda: _status(base + "/readyz", 503), what="unready once stuck")
         _, _, body = await http_get(base + "/readyz")
         assert b"consumer hook: a path has waited" in body
         hook.succeed()
@@ -273,7 +274,7 @@ async def test_healthz_fails_on_a_stalled_loop_and_a_dead_engine(
     assert status == 503 and b"event loop woke" in body
     lag = sample(await scrape(base), "reloadd_event_loop_lag_seconds")
     assert lag is not None
-    await eventually(lambda: _status(base + "/healthz", 200), what="healthy again")
+    await until(lambda: _status(base + "/healthz", 200), what="healthy again")
 
     pump = next(t for t in r._tasks if t.get_name() == "reloadd-pump")
     pump.cancel()

@@ -10,9 +10,10 @@ import pytest
 from reloadd import Reloader, load_config
 from reloadd._control import request
 from reloadd._services import services
-from tests.faults._daemon import until
+from tests.daemon_config import write_config
+from tests.waiting import until
 
-from .support import Hook, http_get, sample, scrape, short_dir, write_config
+from .support import Hook, http_get, sample, scrape, short_dir
 from .test_metrics import Gated
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reloadd._plan import plan
-from tests.faults._daemon import until
+from tests.waiting import until
 
 from .conftest import mirror_conf
 from .harness import HOST, running_reloader
@@ -33,8 +33,8 @@ async def test_a_deleted_or_rewritten_hosts_toml_comes_back_and_our_own_writes_a
         assert events[DRIFTS] == 0
 
         hosts_toml.unlink()  # a clean-up script
-        await until(lambda: hosts_toml.exists() and hosts_toml.read_bytes() == good, timeout=2.0,
-                    what="the file put back within 2 s")
+        await until(lambda: hosts_toml.exists() and hosts_toml.read_bytes() == good,
+                    timeout=2.0, what="the file put back within 2 s")
         assert events[DRIFTS] >= 1
         assert any(b.reason.value == "drift" for b in run.batches_for(drop))
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults._daemon import until
+from tests.waiting import until
 
 from .conftest import mirror_conf
 from .harness import running_reloader

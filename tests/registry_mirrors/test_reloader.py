@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults._daemon import until
+from tests.waiting import until
 
 from .conftest import mirror_conf
 from .harness import HOST, running_reloader, sh

@@ -74,6 +74,7 @@ class ContainerdImagesConsumer(BaseConsumer):
 
     content_digest = False  # multi-GB tarballs: stat identity is enough
     removal_unit = "images"  # what a held removal (prune safety) would unpin or remove
+    name_path_in_errors = True  # an error names the archive or list it is about, wherever it is read
 
     def __init__(self, ctx: ConsumerContext, settings: Settings) -> None:
         super().__init__(ctx)
@@ -223,6 +224,9 @@ class ContainerdImagesConsumer(BaseConsumer):
         self._busy[change.path] = self._busy.get(change.path, 0) + 1
         try:
             return await self._one(change)
+        except PermanentError:
+            self.stats["import_failures"] += 1
+            raise  # the core maps it (rejected until the file changes) and logs it once
         finally:
             if (n := self._busy.pop(change.path) - 1) > 0:
                 self._busy[change.path] = n
@@ -231,18 +235,9 @@ class ContainerdImagesConsumer(BaseConsumer):
 
     async def _one(self, change: Change) -> Result:
         async with self._sem:
-            try:
-                if change.kind is ChangeKind.DELETED:
-                    return await self._deleted(change.path)
-                return await self._changed(change)
-            except PermanentError as exc:
-                self.stats["import_failures"] += 1
-                self.log.debug("Failed to import %s", change.path, exc_info=True)  # the engine logs the Reject
-                return Reject(f"{change.path}: {exc}", data=self._previous(change.path))
-            except TransientError as exc:
-                self.log.debug("Failed to handle %s", change.path, exc_info=True)  # the engine logs the Retry
-                return Retry(f"{change.path}: {exc}")
-            # Anything else is a bug: the core's fan-out maps it (Retry, logged with its traceback).
+            if change.kind is ChangeKind.DELETED:
+                return await self._deleted(change.path)
+            return await self._changed(change)
 
     # -- added / modified ----------------------------------------------------------------------
     async def _changed(self, change: Change) -> Result:

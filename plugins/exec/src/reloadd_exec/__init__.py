@@ -7,7 +7,7 @@ Options (``[consumer.options]``):
 
 The batch is written to the command's stdin as one JSON object::
 
-    {"consumer": "...", "reason": "inotify|rescan|signal|startup",
+    {"consumer": "...", "reason": "inotify|rescan|startup|signal|trigger|drift",
      "changes": [{"path": "...", "kind": "added|modified|deleted", "size": 12, "mtime_ns": 1}]}
 
 A zero exit acknowledges every path; a non-zero exit (or a timeout) fails the batch and
@@ -37,6 +37,7 @@ from reloadd import (
     PlanUnsupportedError,
     Result,
     Retry,
+    result_of,
     run_command,
 )
 
@@ -92,7 +93,7 @@ class ExecConsumer(BaseConsumer):
             res = await run_command(self.command, timeout=self.timeout, stdin=payload, env=env, cwd=self.cwd)
         except CommandError as exc:
             self.stats["failures"] += 1
-            return {p: Retry(str(exc)) for p in batch.paths}
+            return dict.fromkeys(batch.paths, result_of(exc, self.name, batch.paths[0]))  # the core's policy
         if not res.ok:
             self.stats["failures"] += 1
             return {p: Retry(res.describe()) for p in batch.paths}

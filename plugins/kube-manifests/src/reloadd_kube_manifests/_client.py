@@ -97,9 +97,8 @@ class ApiUnavailable(TransientError):
     """
 
     def __init__(self, message: str, last: str = "", retry_after: float | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, retry_after=retry_after)
         self.last = last or message
-        self.retry_after = retry_after
 
 
 _WARNING = re.compile(r'^\s*\d{3}\s+\S+\s+"((?:[^"\\]|\\.)*)"')

@@ -37,6 +37,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from reloadd import (
     DriftMode,
     Hold,
     PathRecord,
+    PermanentError,
     Plan,
     PlannedChange,
     Reason,
@@ -60,7 +62,8 @@ from reloadd import (
     Retry,
     Source,
     SourceContext,
-    TransientError,
+    result_of,
+    unchanged,
 )
 
 from ._apply import Applier
@@ -71,7 +74,7 @@ from ._events import record_event
 from ._kubeconfig import load_cluster_config
 from ._lease import LeaderElector, LeaseSettings
 from ._ledger import Ledger
-from ._manifests import Manifest, ManifestError, load_manifest
+from ._manifests import Manifest, load_manifest
 from ._moves import MoveGrace
 from ._outcome import FileOutcome
 from ._preview import declared_refs, preview_apply, preview_remove
@@ -399,15 +402,12 @@ class KubeManifestsConsumer(BaseConsumer):
             return {c.path: Retry(why, after=_STANDBY_RECHECK, failure=False) for c in batch.changes}
         try:
             applier = await self._ready()
-        except TransientError as exc:
-            self.log.warning("Failed to read the API server's discovery (will retry): %s", exc)
-            self.log.debug("Discovery failure", exc_info=True)
-            return {c.path: Retry(f"API discovery: {exc}") for c in batch.changes}
         except ReloaddError as exc:
-            self.log.warning("Failed to read the API server's discovery (retried on the next change or SIGHUP): %s",
-                             exc)
-            self.log.debug("Discovery failure", exc_info=True)
-            return {c.path: Reject(f"API discovery: {exc}") for c in batch.changes}
+            self.log.warning("Failed to read the API server's discovery: %s", exc)
+            # The core's policy (a transient failure retried, a permanent one rejected), said of discovery.
+            result = result_of(exc, self.name, "API discovery")
+            result = replace(result, error=f"API discovery: {result.error}")
+            return dict.fromkeys(batch.paths, result)
         results: dict[Path, Result] = {}
         live = [c for c in batch.changes if c.kind is not ChangeKind.DELETED]
         gone = [c for c in batch.changes if c.kind is ChangeKind.DELETED]
@@ -421,26 +421,34 @@ class KubeManifestsConsumer(BaseConsumer):
         claimed: set[ObjRef] = set()  # what the batch's existing files declare: never removed below
         drift = batch.reason is Reason.DRIFT
 
-        async def one(change: Change) -> None:
+        async def apply(change: Change) -> Result:
             async with self._files:
-                results[change.path] = result = await self._one(applier, change, claimed, drift=drift)
-            batch.report(change.path, result)  # settled: a slow file of this batch delays no other
+                return await self._one(applier, change, claimed, drift=drift)
 
-        await asyncio.gather(*(one(c) for c in live if c.path.suffix.lower() != SKIP_SUFFIX))
-        self._limit_held.difference_update(c.path for c in live)
-        over = self._over_max_prune([c for c in gone if c.path.suffix.lower() != SKIP_SUFFIX])
-        for c in gone:
-            if over is not None and not c.prune_confirmed and c.path.suffix.lower() != SKIP_SUFFIX:
-                self._moves.done(c.path)
-                self._limit_held.add(c.path)
-                results[c.path] = Hold(over)
-                batch.report(c.path, results[c.path])
-            elif c.path.suffix.lower() != SKIP_SUFFIX:
+        async def remove(change: Change) -> Result:
+            if over is not None and not change.prune_confirmed:
+                self._moves.done(change.path)
+                self._limit_held.add(change.path)
+                return Hold(over)
+            try:
                 async with self._files:
-                    results[c.path] = await self._one(applier, c, claimed)
-                if not isinstance(results[c.path], Retry):
-                    self._moves.done(c.path)  # removed (or given up): nothing waits for it any more
-                batch.report(c.path, results[c.path])
+                    result = await self._one(applier, change, claimed)
+            except PermanentError:
+                self._moves.done(change.path)  # given up: nothing waits for it any more
+                raise
+            if not isinstance(result, Retry):
+                self._moves.done(change.path)  # removed (or given up): nothing waits for it any more
+            return result
+
+        # Every existing file at once (each settles on its own), then the removals one by one, so
+        # nothing a file of this batch declares is pruned.
+        files = [c for c in live if c.path.suffix.lower() != SKIP_SUFFIX]
+        results.update(await self.each(batch, files, apply))
+        self._limit_held.difference_update(c.path for c in live)
+        gone = [c for c in gone if c.path.suffix.lower() != SKIP_SUFFIX]
+        over = self._over_max_prune(gone)
+        results.update(await self.each(batch, gone, remove, at_once=False))
+        self.stats["files_failed"] += sum(isinstance(results[c.path], Reject) for c in files + gone)
         self.stats["api_requests"] = applier.client.stats["requests"]
         self.stats["api_retries"] = applier.client.stats["retries"]
         self.stats["api_dropped"] = applier.client.stats["dropped"]
@@ -516,11 +524,9 @@ class KubeManifestsConsumer(BaseConsumer):
         return found
 
     def _unchanged(self, change: Change) -> bool:
-        """The test :meth:`_one` makes before applying: same content as applied last, without errors."""
+        """The test :meth:`_one` makes before applying: the content applied last, without errors (the core's record)."""
         record = self.ctx.records.get(change.path)
-        previous = record.data if record is not None and isinstance(record.data, dict) else None
-        return (not change.forced and previous is not None and record is not None and record.error is None
-                and change.digest is not None and previous.get("sha256") == change.digest)
+        return unchanged(change, record) and record is not None and isinstance(record.data, dict)
 
     async def _one(self, applier: Applier, change: Change, claimed: set[ObjRef], *, drift: bool = False) -> Result:
         self.ledger.begin(change.path)
@@ -532,50 +538,36 @@ class KubeManifestsConsumer(BaseConsumer):
     async def _one_file(self, applier: Applier, change: Change, claimed: set[ObjRef], *, drift: bool) -> Result:
         path = change.path
         skipped = change.kind is not ChangeKind.DELETED and path.with_name(path.name + SKIP_SUFFIX).exists()
-        verb = "remove" if change.kind is ChangeKind.DELETED or skipped else "apply"
-        try:
-            if change.kind is not ChangeKind.DELETED:
-                self._moves.done(path)  # back (or a .skip beside it): no removal waits any more
-            elif not change.prune_confirmed and (wait := await self._move_wait(applier, path, claimed)) > 0:
-                # No seconds in the text: status counts down the deferral's own retry_in at read time.
-                return Retry("removal waits for another file to declare its objects (move_grace)",
-                             after=wait, failure=False)
-            if change.kind is ChangeKind.DELETED or skipped:
-                out = await applier.remove_file(self.key(path), keep=claimed)
-                self.ledger.removed(path)
-                self._removed.append((time.monotonic(), len(out.pruned)))
-                self._limit_held.discard(path)
-                self.stats["files_removed"] += 1
-                data = {**out.to_data(), "skipped": True} if skipped else out.to_data()
-                return await self._result(path, out, data, "remove")
-            record = self.ctx.records.get(path)
-            previous = record.data if record is not None and isinstance(record.data, dict) else None
-            if self._unchanged(change):
-                return Ack(previous)
-            manifest = await load_manifest(path, max_bytes=self.settings.max_file_size)
-            # A drift correction re-applies the file; only an operator's forced pass also lists every kind.
-            out = await applier.apply_file(self.key(path), str(path), manifest, thorough=change.forced and not drift)
-            owned = self.ledger.applied(path, out.applyset, out.answers) if not self.settings.dry_run else {}
-            if self._watch is not None:
-                self._watch.forget_reports(path)
-            claimed.update(out.desired)
-            self._moves.adopted(applier.claims.wanted_by_others)
-            self.stats["files_applied"] += 1
-            self.stats["objects_applied"] += out.applied
-            await self._warn(path, out, previous)
-            return await self._result(path, out, {**out.to_data(), "owned": owned}, "apply")
-        except ManifestError as exc:
-            self.stats["files_failed"] += 1
-            self.log.debug("Failed to apply %s (retried when it changes, or on SIGHUP): %s", path, exc)
-            return Reject(str(exc))
-        except TransientError as exc:
-            self.log.debug("Failed to %s %s (will retry): %s", verb, path, exc, exc_info=True)
-            return Retry(str(exc), after=getattr(exc, "retry_after", None))
-        except ReloaddError as exc:
-            self.stats["files_failed"] += 1
-            self.log.debug("Failed to %s %s (retried when it changes, or on SIGHUP): %s", verb, path, exc,
-                           exc_info=True)
-            return Reject(str(exc))
+        if change.kind is not ChangeKind.DELETED:
+            self._moves.done(path)  # back (or a .skip beside it): no removal waits any more
+        elif not change.prune_confirmed and (wait := await self._move_wait(applier, path, claimed)) > 0:
+            # No seconds in the text: status counts down the deferral's own retry_in at read time.
+            return Retry("removal waits for another file to declare its objects (move_grace)",
+                         after=wait, failure=False)
+        if change.kind is ChangeKind.DELETED or skipped:
+            out = await applier.remove_file(self.key(path), keep=claimed)
+            self.ledger.removed(path)
+            self._removed.append((time.monotonic(), len(out.pruned)))
+            self._limit_held.discard(path)
+            self.stats["files_removed"] += 1
+            data = {**out.to_data(), "skipped": True} if skipped else out.to_data()
+            return await self._result(path, out, data, "remove")
+        record = self.ctx.records.get(path)
+        previous = record.data if record is not None and isinstance(record.data, dict) else None
+        if self._unchanged(change):
+            return Ack(previous)
+        manifest = await load_manifest(path, max_bytes=self.settings.max_file_size)
+        # A drift correction re-applies the file; only an operator's forced pass also lists every kind.
+        out = await applier.apply_file(self.key(path), str(path), manifest, thorough=change.forced and not drift)
+        owned = self.ledger.applied(path, out.applyset, out.answers) if not self.settings.dry_run else {}
+        if self._watch is not None:
+            self._watch.forget_reports(path)
+        claimed.update(out.desired)
+        self._moves.adopted(applier.claims.wanted_by_others)
+        self.stats["files_applied"] += 1
+        self.stats["objects_applied"] += out.applied
+        await self._warn(path, out, previous)
+        return await self._result(path, out, {**out.to_data(), "owned": owned}, "apply")
 
     async def _move_wait(self, applier: Applier, path: Path, claimed: set[ObjRef]) -> float:
         """Seconds the removal of deleted ``path`` still waits for the other half of a move (0: remove now)."""
@@ -632,7 +624,6 @@ class KubeManifestsConsumer(BaseConsumer):
             self.log.debug("Failed to %s %s (will retry): %s", verb, path, out.summary())
             return Retry(out.summary())
         if out.errors:
-            self.stats["files_failed"] += 1
             self.log.debug("Failed to %s %s (retried when it changes, or on SIGHUP): %s", verb, path,
                              out.summary())
             return Reject(out.summary(), data)

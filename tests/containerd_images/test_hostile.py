@@ -1,6 +1,6 @@
 """Hostile input corpus for containerd-images, driven through the real engine against a private containerd.
 
-One folder per case under ``corpus/containerd_images/`` (see its README): ``generate.txt`` says
+One folder per case under ``hostile/`` (see its README): ``generate.txt`` says
 how to make the input at run time, ``expected.txt`` the text its recorded error must contain.
 Each case: a good tarball is imported; the hostile file is dropped in; its record carries the
 error; containerd got no image from it; the good image keeps its pin; a good tarball dropped
@@ -26,12 +26,11 @@ from reloadd_containerd_images._client import ContainerdClient
 from reloadd import Reloader, parse_config
 from tests.infra import ImageSpec, private_containerd, write_oci_archive
 from tests.reliability import Reliability
-
-from ._daemon import until
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 
-CORPUS = Path(__file__).parent / "corpus" / "containerd_images"
+CORPUS = Path(__file__).parent / "hostile"
 CASES = sorted(p.name for p in CORPUS.iterdir() if p.is_dir())
 PIN = "io.cri-containerd.pinned"
 
@@ -131,8 +130,8 @@ async def test_hostile_image(tmp_path: Path, name: str, caplog: pytest.LogCaptur
                     return found + [m.getMessage() for m in caplog.records
                                     if m.levelno >= logging.WARNING and str(target) in m.getMessage()]
 
-                await until(lambda: any(expected in e for e in errors()), timeout=60,
-                            what=f"an error for {target.name}")
+                await until(lambda: any(expected in e for e in errors()),
+                            timeout=60, what=f"an error for {target.name}")
                 await r.wait_idle(60)
                 assert {i.name for i in await probe.list_images()} == before  # nothing imported from it
                 good = await probe.get_image("example.com/hostile/good:v1")

@@ -1,6 +1,6 @@
 """Hostile input corpus for kube-manifests, driven through the real engine against the session cluster.
 
-One folder per case under ``corpus/kube_manifests/`` (see its README). Each case: a good
+One folder per case under ``hostile/`` (see its README). Each case: a good
 manifest is applied; the hostile file is dropped in; its record carries an error containing
 the expected text; the good file's object stays; ConfigMaps named in ``applied.txt`` (good
 documents beside broken ones) exist; and a good file dropped afterwards is applied.
@@ -19,12 +19,11 @@ import pytest
 from reloadd import Reloader, parse_config
 from tests.kube.apiserver import KubeCluster
 from tests.reliability import Reliability
-
-from ._daemon import until
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 
-CORPUS = Path(__file__).parent / "corpus" / "kube_manifests"
+CORPUS = Path(__file__).parent / "hostile"
 CASES = sorted(p.name for p in CORPUS.iterdir() if p.is_dir())
 META = ("expected.txt", "generate.txt", "applied.txt")
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 from reloadd_registry_mirrors import Inputs, evaluate, read_snapshot
 
-from ._daemon import Daemon, tree_snapshot, until
+from tests.faults._daemon import Daemon, tree_snapshot
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(300)
 

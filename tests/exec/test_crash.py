@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,8 +20,9 @@ import pytest
 
 from reloadd import Fingerprint
 from reloadd._state import RecordStore
-
-from ._daemon import Daemon, until
+from tests.daemon_config import hook_daemon_config
+from tests.faults._daemon import Daemon
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -123,23 +123,10 @@ def mirrored(out: Path) -> dict[str, str]:
 async def crash_matrix(tmp_path: Path, cycles: list[str], seed: int) -> Tally:
     root = tmp_path / "root"
     root.mkdir()
-    (tmp_path / "hook.py").write_text(HOOK)
     sock = tmp_path / "ctl.sock"
-    cfg = tmp_path / "reloadd.toml"
-    cfg.write_text(textwrap.dedent(f"""
-        [reloadd]
-        state_dir = "{tmp_path / 'state'}"
-        control_socket = "{sock}"
-        quiet = "300ms"
-        max_delay = "2s"
-        rescan_interval = "1s"  # a safety net if inotify is degraded (watch limit) meanwhile
-        [[consumer]]
-        name = "hook"
-        plugin = "exec"
-        paths = ["{root}"]
-        [consumer.options]
-        command = ["{sys.executable}", "{tmp_path / 'hook.py'}"]
-    """))
+    # rescan_interval: a safety net if inotify is degraded (watch limit) meanwhile.
+    cfg = hook_daemon_config(tmp_path, root, hook=HOOK, control_socket=sock, quiet="300ms", max_delay="2s",
+                             rescan_interval="1s")
     daemon = Daemon(cfg, tmp_path / "daemon.log", env={"CRASH_DIR": str(tmp_path), "HOOK_ITEM_SECONDS": "0.03"},
                     control_socket=sock)
     rng = random.Random(seed)

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from tests.faults._daemon import Daemon
 from tests.kube.apiserver import KubeCluster
-
-from ._daemon import Daemon, until
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -95,8 +95,8 @@ async def test_apiserver_killed_mid_apply(tmp_path: Path, reliability) -> None:
             await until(lambda: len(configmaps(kube)) >= 10, what="the apply to be under way")
             at_kill = configmaps(kube, "rv")
             await asyncio.to_thread(restart_apiserver, kube)
-            await until(lambda: configmaps(kube) == want and daemon.idle(), timeout=120,
-                        what="every ConfigMap applied after the API server came back")
+            await until(lambda: configmaps(kube) == want and daemon.idle(),
+                        timeout=120, what="every ConfigMap applied after the API server came back")
             rewritten = sum(1 for n, rv in configmaps(kube, "rv").items() if n in at_kill and at_kill[n] != rv)
             present = configmaps(kube)
             applied = sum(1 for n, v in want.items() if present.get(n) == v)

@@ -1,6 +1,6 @@
 """Hostile input corpus for registry-mirrors, driven through the real engine (real inotify).
 
-One folder per case under ``corpus/registry_mirrors/`` (see its README): the input files,
+One folder per case under ``hostile/`` (see its README): the input files,
 ``expected.txt`` (the error text), optionally ``generate.txt`` (FIFOs, symlinks, huge and
 deeply nested files made at run time) and ``known_bug.txt`` (a strict xfail with the reason).
 
@@ -22,14 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults._daemon import tree_snapshot
 from tests.registry_mirrors.conftest import mirror_conf
 from tests.registry_mirrors.harness import Running, running_reloader
 
-from ._daemon import tree_snapshot
-
 pytestmark = pytest.mark.timeout(90)
 
-CORPUS = Path(__file__).parent / "corpus" / "registry_mirrors"
+CORPUS = Path(__file__).parent / "hostile"
 CASES = sorted(p.name for p in CORPUS.iterdir() if p.is_dir())
 
 

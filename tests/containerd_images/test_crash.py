@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from reloadd_containerd_images._client import ContainerdClient
 
+from tests.faults._daemon import Daemon
 from tests.infra import Containerd, ImageSpec, private_containerd, write_oci_archive
-
-from ._daemon import Daemon, until
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -1,0 +1,251 @@
+"""Change decisions: did a path change, and what is it to its consumer?
+
+Every "is this different from what the consumer acknowledged?" in reloadd is answered here:
+
+- :func:`steady` — the aggregator's settling test (two probes a quiet period apart agree);
+- :func:`digest_all` — content digests for a hand-over (or why there is none);
+- :func:`needed` / :func:`change_kind` — the queue's de-duplication rule and what a hand-over
+  is (added, modified, deleted), shared with ``reloadd plan``;
+- :func:`repeats` — a path queued (or held) again with nothing new;
+- :func:`diff` — a stat walk compared with each consumer's acknowledged fingerprints (the
+  engine's reconcile and ``reloadd plan``);
+- :func:`unchanged` (public as ``reloadd.unchanged``) — a plugin's "applied already, as it is?".
+
+Pure functions over records and fingerprints, except :func:`diff` and :func:`digest_all`,
+which read the file system through :mod:`reloadd._scan` (blocking: run them in a thread).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ._filters import PathFilter, under
+from ._item import Item
+from ._prune import PruneGuard, RootId
+from ._scan import DigestCache, Found, Trust, local_devices, scan
+from ._types import Change, ChangeKind, Fingerprint, PathRecord
+
+__all__ = ["CHANGED", "UNREADABLE", "Diff", "Needed", "View", "change_kind", "diff", "digest_all", "needed",
+           "repeats", "steady", "unchanged"]
+
+
+def steady(seen: object, fingerprint: Fingerprint | None) -> bool:
+    """Whether a path probed again is as the previous probe saw it (settled), ``seen`` being that probe."""
+    return seen == fingerprint
+
+
+def repeats(old: Item, new: Item) -> bool:
+    """Whether ``new`` brings nothing ``old`` (queued or held for the same path) does not: same file, not forced."""
+    return old.fingerprint == new.fingerprint and not new.forced
+
+
+def unchanged(change: Change, record: PathRecord | None) -> bool:
+    """Whether ``change`` hands over what the consumer acknowledged last, as it is (its content digest).
+
+    For a plugin that must look at every hand-over (times or the inode moved, a restart) but need not
+    act on one whose content it already applied without error. Never true for a forced change.
+    """
+    return (not change.forced and record is not None and record.error is None
+            and change.digest is not None and record.digest == change.digest)
+
+
+class Needed(enum.Enum):
+    """Whether a settled path must be handed over, compared with its record."""
+
+    YES = "yes"
+    """It differs from what the consumer acknowledged (or the hand-over is forced)."""
+
+    NO = "no"
+    """Same fingerprint as acknowledged, or gone and never acknowledged."""
+
+    SAME_CONTENT = "same-content"
+    """Only times (or the inode) moved: the content digest equals the acknowledged one."""
+
+
+def needed(rec: PathRecord | None, fingerprint: Fingerprint | None, digest: str | None, *,
+           forced: bool = False) -> Needed:
+    """The queue's de-duplication rule, shared with ``reloadd plan`` (pure)."""
+    if forced:
+        return Needed.YES
+    if fingerprint is None:
+        return Needed.YES if rec is not None else Needed.NO
+    if rec is None:
+        return Needed.YES
+    if rec.fingerprint == fingerprint:
+        return Needed.NO
+    if digest is not None and rec.digest == digest:
+        return Needed.SAME_CONTENT
+    return Needed.YES
+
+
+def change_kind(rec: PathRecord | None, fingerprint: Fingerprint | None) -> ChangeKind:
+    """What a needed hand-over is to the consumer: added, modified or deleted (pure)."""
+    if fingerprint is None:
+        return ChangeKind.DELETED
+    return ChangeKind.ADDED if rec is None else ChangeKind.MODIFIED
+
+
+CHANGED = "changed"
+UNREADABLE = "unreadable:"
+
+
+def digest_all(
+    cache: DigestCache, want: list[tuple[str, Fingerprint]]
+) -> dict[tuple[str, Fingerprint], str | None]:
+    out: dict[tuple[str, Fingerprint], str | None] = {}
+    for p, fp in want:
+        try:
+            d = cache.digest(p, fp)
+        except OSError as exc:
+            d = UNREADABLE + (exc.strerror or str(exc))
+        out[(p, fp)] = CHANGED if d is None else d
+    return out
+
+
+@dataclass
+class View:
+    """A consumer as the reconcile thread sees it: live objects it only reads with ``get``/``in``."""
+
+    name: str
+    filter: PathFilter
+    owns: Mapping[str, bool]
+    records: Mapping[str, PathRecord]
+    queued: Callable[[str, object], object]  # WorkQueue.queued_fingerprint
+    settling: Callable[[], Iterable[tuple[str, str]]]  # Aggregator.keys_snapshot: (consumer, path) settling
+    prune_held: frozenset[str] = frozenset()  # removals held: looked at when found, not re-judged when missing
+    guard: PruneGuard | None = None  # set on a walk of every root: its roots' identities are taken after it
+    learned: dict[str, bool] = field(default_factory=dict)
+
+    def owned(self, key: str) -> bool:
+        hit = self.owns.get(key)
+        if hit is None:
+            hit = self.learned.get(key)
+            if hit is None:
+                hit = self.learned[key] = self.filter.matches(key)
+        return hit
+
+@dataclass
+class Diff:
+    observe: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    roots: dict[str, dict[str, RootId]] = field(default_factory=dict)  # per consumer, after a complete walk
+
+
+def diff(
+    jobs: list[tuple[str, str, bool]],
+    views: list[View],
+    scopes: list[str] | None,
+    forced: bool,
+    covered: frozenset[str] | None = None,
+    share: tuple[int, int] = (1, 0),
+) -> Diff:
+    """Walk and compare with each consumer's acknowledged fingerprints (blocking).
+
+    The common case, a file whose fingerprint equals its record, costs one dict
+    lookup and one tuple comparison; the filter is consulted only for the rest.
+    The walk hands its entries over in chunks (:data:`SCAN_CHUNK`), so memory does
+    not grow with the tree. With ``covered``, the regular files of those directories
+    (on local file systems) outside ``share`` are met without a stat (:class:`Trust`). Paths gone since
+    they were acknowledged are found by counting: when every path recorded (under the
+    scope) before the walk was met on it, none is gone; otherwise (rare: a delete
+    inotify did not report, or one still being handled) the tree's paths are listed
+    once more to name them.
+    """
+    errors: dict[str, str] = {}
+    tops = [top for top, _, _ in jobs]
+    overlap = any(i != j and under(a, b) for i, a in enumerate(tops) for j, b in enumerate(tops))
+    compares = [_Compare(v, scopes, forced, overlap) for v in views]
+
+    def sink(found: Found, listed: set[str]) -> None:
+        for c in compares:
+            c.take(found, listed)
+
+    trust = Trust(covered, local_devices(), *share) if covered else None
+    for top, root, recursive in jobs:
+        found: Found = {}
+        listed: set[str] = set()
+        scan(top, root, recursive, found, errors, sink, trust, listed)
+        sink(found, listed)
+    out = Diff()
+    warned: set[str] = set()
+    everything: set[str] | None = None
+    for c in compares:
+        for key, error in errors.items():
+            if c.view.owned(key) and key not in warned:
+                warned.add(key)
+                out.errors.append((key, error))
+        in_scope = c.before
+        if len(in_scope) == c.met and c.view.guard is not None:
+            out.roots[c.view.name] = c.view.guard.root_ids()  # every record met: the roots are the good ones
+        if len(in_scope) != c.met:
+            if everything is None:
+                walked: Found = {}
+                for top, root, recursive in jobs:
+                    scan(top, root, recursive, walked, {})
+                everything = set(walked)
+            for key in in_scope:
+                if key not in everything:
+                    c.observe[key] = None  # gone (or no longer a regular file)
+        out.observe.extend((c.view.name, key) for key in c.observe)
+    return out
+
+
+class _Compare:
+    """One consumer's side of a rescan: what to observe, and how many of its records were met."""
+
+    def __init__(self, view: View, scopes: list[str] | None, forced: bool, overlap: bool) -> None:
+        self.view = view
+        self.forced = forced
+        self.observe: dict[str, None] = {}
+        self.met = 0
+        self.met_keys: set[str] | None = set() if overlap else None  # walks overlap: a path may be met twice
+        roots = scopes if scopes is not None else [str(r) for r in view.filter.roots]
+        self.roots = frozenset(roots)
+        self.prefixes = tuple(r if r.endswith("/") else r + "/" for r in roots)
+        # Settling in the aggregator, or a held removal: either is looked at again when the walk meets it.
+        self.held = {key for name, key in view.settling() if name == view.name} | view.prune_held
+        # The recorded paths under the scope, as the walk starts: one atomic copy of the keys (references,
+        # not new strings), filtered once here so a path met on the walk costs one set lookup. A held
+        # removal is not counted: missing, it stays held; met, it is taken up through ``held``.
+        self.before = {key for key in list(view.records)
+                       if (key in self.roots or key.startswith(self.prefixes)) and key not in view.prune_held}
+
+    def take(self, found: Found, listed: set[str]) -> None:
+        """Compare one chunk of a walk: ``found`` stat-ed, ``listed`` met in covered directories (no stat)."""
+        owned, queued, held, observe = self.view.owned, self.view.queued, self.held, self.observe
+        met = self.before.intersection(found)  # in C: the recorded paths this chunk met
+        if listed:
+            met |= self.before.intersection(listed)
+        if self.met_keys is not None:
+            met -= self.met_keys
+            self.met_keys |= met
+        self.met += len(met)
+        if self.forced:
+            for key in found:  # a forced walk trusts nothing: ``listed`` is empty
+                if owned(key):
+                    observe[key] = None
+            return
+        if listed:
+            # A covered directory's watch reports every change of its files: only a file never
+            # acknowledged (or one held) needs a look. Both found in C, not per listed path.
+            for key in listed.difference(self.view.records):
+                if owned(key) and (key in held or queued(key, _MISSING) is _MISSING):
+                    observe[key] = None
+            if held:
+                for key in held.intersection(listed):
+                    if owned(key):
+                        observe[key] = None
+        get = self.view.records.get
+        for key, fp in found.items():
+            rec = get(key)
+            if rec is not None and rec.fingerprint == fp:
+                if held and key in held and owned(key):
+                    observe[key] = None  # acknowledged as it is, but held: taken up again
+                continue
+            if owned(key) and (key in held or queued(key, _MISSING) != fp):
+                observe[key] = None  # differs from what was acknowledged and what is queued
+
+
+_MISSING: object = object()
