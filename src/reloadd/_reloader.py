@@ -34,21 +34,21 @@ from ._building import (
     records_for,
 )
 from ._config import Config, ConsumerConfig
-from ._consumer import Consumer, Reporting, SourceProvider
+from ._consumer import Consumer, SourceProvider
 from ._drift import DriftBook
 from ._engine import Engine, Force, Slot
 from ._errors import ConfigError, WatchLimitError
+from ._observe import pipeline_snapshot
 from ._order import check_after, group_matcher
 from ._plugins import SOURCE_GROUP, load
 from ._prune import PruneGuard
 from ._queue import WorkQueue
-from ._snapshot import ConsumerSnapshot, EngineCounters, Snapshot
+from ._snapshot import Snapshot
 from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import RecordStore, lock_state_dir
 from ._supervisor import supervise
 from ._types import DriftMode, Reason
 from ._watch import Watch, WatchState
-from ._writers import writers_of
 
 if TYPE_CHECKING:
     from ._services import Services
@@ -59,7 +59,6 @@ log = logging.getLogger("reloadd")
 
 SourceFactory = Callable[[SourceContext], Source]
 
-_HELD_LISTED = 20  # held paths listed per consumer in status (with their writers from /proc)
 
 
 class Reloader:
@@ -544,38 +543,9 @@ class Reloader:
         engine = self._engine
         if engine is None:
             return Snapshot(self.watch, ready_max_age=self.config.ready_max_age, dead_tasks=tuple(self.dead_tasks()))
-        consumers = []
-        for name, slot in engine.slots.items():
-            q, st = slot.queue, slot.queue.stats
-            counts = q.counts()
-            held = q.held_removals()
-            stats = slot.consumer.stats if isinstance(slot.consumer, Reporting) else None
-            doc: dict[str, Any] | None = None
-            if detail:
-                doc = {
-                    "plugin": _plugin_of(slot.consumer),
-                    "roots": [str(r) for r in slot.filter.roots],
-                    "records": len(slot.records),
-                    "settling": engine.agg.count(name),
-                    "held": self._held_status(engine, name),
-                    **q.status(),
-                    "note": _note(slot.consumer),
-                    "drift_mode": slot.drift.mode.value,
-                    "drift": _drift_status(slot.drift, self._clock()),
-                }
-            consumers.append(ConsumerSnapshot(
-                name, _plugin_of(slot.consumer), tuple(str(r) for r in slot.filter.roots), len(slot.records),
-                counts.rejected, engine.agg.count(name), counts.pending, counts.in_flight, counts.failing,
-                counts.untried, q.oldest_age(), st.batches, st.acked, st.retried, st.rejected, st.dropped_unchanged,
-                st.last_success, sum(h["size"] for h in held), len(held), len(engine.held_long(name)),
-                stats=_numbers(stats), detail=doc, drift_mode=slot.drift.mode.value,
-                drifted=len(slot.drift.drifted()), drift_total=dict(slot.drift.total),
-            ))
-        es = engine.stats
-        counters = EngineCounters(dict(es.events), engine.agg.coalesced, es.handed_over, es.overflows, es.resyncs,
-                                  es.rescans, es.rescan_seconds, es.covered_rescans)
-        return Snapshot(self.watch, True, self._initial_pass_done(), self.config.ready_max_age,
-                        tuple(self.dead_tasks()), self.watch_count, tuple(consumers), counters)
+        return pipeline_snapshot(engine, self.watch, ready=self._initial_pass_done(),
+                                 ready_max_age=self.config.ready_max_age, dead_tasks=tuple(self.dead_tasks()),
+                                 watch_count=self.watch_count, now=self._clock(), detail=detail)
 
     def _initial_pass_done(self) -> bool:
         """Every path found at start-up was handed over once, or waits for a retry (latched)."""
@@ -596,15 +566,6 @@ class Reloader:
         self._initial_done = True
         return True
 
-    def _held_status(self, engine: Engine, name: str) -> list[dict[str, Any]]:
-        """Paths settling past max_delay (a file kept open, still growing), with the writers /proc names."""
-        held = engine.held_long(name)[:_HELD_LISTED]
-        writing = [path for path, why, _ in held if why == "open for writing"]
-        pids = writers_of(writing) if writing else {}
-        now = time.time()
-        return [{"path": path, "why": why, "since": round(now - seconds, 3), "held_for": round(seconds, 3),
-                 "writers": pids.get(path, [])} for path, why, seconds in held]
-
     @property
     def watch_state(self) -> str:
         """The watch state as one line (``armed``, ``degraded (rescan-only): …``)."""
@@ -616,43 +577,6 @@ class Reloader:
         if self._engine is None:
             raise RuntimeError("the reloader has not started")
         return self._engine
-
-
-def _note(consumer: Consumer) -> str | None:
-    """A consumer's own one-line state for status (``status_note``, e.g. a standby's leader), if it has one."""
-    try:
-        if not isinstance(consumer, Reporting):  # may read the property (before Python 3.12)
-            return None
-        note = consumer.status_note
-    except Exception as exc:  # a plugin bug must not break status
-        return f"status_note failed: {exc}"
-    return note if isinstance(note, str) else None
-
-
-def _drift_status(book: DriftBook, now: float) -> list[dict[str, Any]]:
-    """The drift entries of ``reloadd status --json``."""
-    return [
-        {
-            "path": e.path, "kind": e.drift.kind, "what": e.drift.what, "why": e.drift.why, "by": e.drift.by,
-            "since": e.since, "events": e.events, "corrections": e.corrections, "fighting": e.fighting,
-            "restored": e.restored, "next_correction_in": None if e.next_at is None else max(0.0, e.next_at - now),
-        }
-        for e in book.entries()
-    ]
-
-
-def _plugin_of(consumer: Consumer) -> str:
-    return type(consumer).__module__.split(".")[0]
-
-
-def _numbers(stats: object) -> dict[str, float]:
-    """A plugin's ``stats`` as numbers (anything else left out)."""
-    out: dict[str, float] = {}
-    if isinstance(stats, dict):
-        for key, value in stats.items():
-            with contextlib.suppress(TypeError, ValueError):
-                out[str(key)] = float(value)
-    return out
 
 
 class _Pump:

@@ -8,7 +8,8 @@ from pathlib import Path
 SRC = Path(__file__).parents[2] / "src" / "reloadd"
 OPS = {"reloadd._http", "reloadd._metrics", "reloadd._control", "reloadd._services", "reloadd._webserver",
        "reloadd._sdnotify"}
-PIPELINE = {"reloadd._reloader", "reloadd._engine", "reloadd._queue", "reloadd._aggregator", "reloadd._state"}
+PIPELINE = {"reloadd._reloader", "reloadd._engine", "reloadd._queue", "reloadd._aggregator", "reloadd._state",
+            "reloadd._observe", "reloadd._changes"}
 
 
 def import_graph() -> dict[str, set[str]]:
