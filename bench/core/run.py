@@ -31,16 +31,18 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import burst, latency, report, rescan
+from . import burst, fastburst, latency, report, rescan
 from ._proc import REPO
 
-PHASES = ("latency", "burst", "idle", "rescan")
+PHASES = ("latency", "burst", "idle", "rescan", "fastburst")
 
 PLANS: dict[str, dict[str, Any]] = {
     "full": {"writes": {"matched": 400, "defaults": 300}, "bursts": [10_000, 100_000], "burst_reps": 3,
-             "idle_s": 60.0, "idle_reps": 3, "rescan": [10_000, 100_000], "rescan_reps": 5},
+             "idle_s": 60.0, "idle_reps": 3, "rescan": [10_000, 100_000], "rescan_reps": 5,
+             "fast": 100_000, "fast_reps": 3},
     "quick": {"writes": {"matched": 100, "defaults": 100}, "bursts": [10_000], "burst_reps": 3,
-              "idle_s": 15.0, "idle_reps": 3, "rescan": [10_000], "rescan_reps": 3},
+              "idle_s": 15.0, "idle_reps": 3, "rescan": [10_000], "rescan_reps": 3,
+              "fast": 10_000, "fast_reps": 1},
 }
 
 
@@ -153,6 +155,18 @@ def suite(base: Path, plan: dict[str, Any], only: set[str], data: dict[str, Any]
                 _say(f"  full: cpu p50 {r['cpu']['p50'] * 1000:.0f} ms, wall p50 {r['wall']['p50'] * 1000:.0f} ms, "
                      f"find CPU p50 {r['find_cpu']['p50'] * 1000:.0f} ms, initial sync {r['initial_sync_s']:.1f} s; "
                      f"covered: cpu p50 {r['covered']['cpu']['p50'] * 1000:.0f} ms")
+
+
+    if "fastburst" in only:
+        data["fastburst"] = []
+        for rep in range(plan["fast_reps"]):
+            _say(f"fast writer: modify, create and delete bursts of {plan['fast']:,} files, run {rep + 1}")
+            r = attempt("fastburst", fastburst.run, base, plan["fast"], rep)
+            for one in r or []:
+                data["fastburst"].append({**one, "run": rep + 1})
+                _say(f"  {one['mode']}: " + ", ".join(
+                    f"{k} {v['delivered']:,} delivered, last at {v['last_delivery_s']:.1f} s, CPU {v['cpu_s']:.1f} s"
+                    for k, v in one["watchers"].items()))
 
 
 def main(argv: list[str] | None = None) -> int:

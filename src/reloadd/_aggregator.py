@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ._changes import steady
+from ._changes import UNSEEN, steady
 from ._types import Fingerprint, Reason
 
 __all__ = ["Aggregator", "Key", "Pending", "Timing"]
@@ -31,7 +31,7 @@ __all__ = ["Aggregator", "Key", "Pending", "Timing"]
 Key = tuple[str, str]
 """(consumer name, path as a string)."""
 
-_UNSET: object = object()
+_UNSET = UNSEEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +149,7 @@ class Aggregator:
         writing: bool | None = None,
         forced: bool = False,
         verify: bool = False,
+        seen: object = UNSEEN,
     ) -> None:
         """Record an event for ``key``.
 
@@ -163,10 +164,13 @@ class Aggregator:
             forced: Hand the path over even if its content did not change.
             verify: The observation carries no writer information: require two equal
                 probes before hand-over.
+            seen: What the observation saw of the path (a walk's stat): the first of those two
+                probes, for a path not held yet.
         """
         p = self._pending.get(key)
         if p is None:
-            p = Pending(first=now, last=now, reason=reason, forced=forced, verify=verify)
+            p = Pending(first=now, last=now, reason=reason, forced=forced, verify=verify,
+                        seen=seen if verify else UNSEEN)
             self._pending[key] = p
             self._per_consumer[key[0]] += 1
         else:

@@ -27,8 +27,12 @@ from ._prune import PruneGuard, RootId
 from ._scan import DigestCache, Found, Trust, local_devices, scan
 from ._types import Change, ChangeKind, Fingerprint, PathRecord
 
-__all__ = ["CHANGED", "UNREADABLE", "Diff", "Needed", "View", "change_kind", "diff", "digest_all", "needed",
+__all__ = ["CHANGED", "UNREADABLE", "UNSEEN", "Diff", "Needed", "View", "change_kind", "diff", "digest_all", "needed",
            "repeats", "steady", "unchanged"]
+
+
+UNSEEN: object = object()
+"""Not probed yet: no fingerprint to compare a probe with (see :func:`steady`)."""
 
 
 def steady(seen: object, fingerprint: Fingerprint | None) -> bool:
@@ -128,7 +132,10 @@ class View:
 
 @dataclass
 class Diff:
-    observe: list[tuple[str, str]] = field(default_factory=list)
+    observe: list[tuple[str, str, object]] = field(default_factory=list)
+    """(consumer, path, seen): seen is the walk's stat of the path (a fingerprint tuple), ``None`` when
+    the walk found it gone, :data:`UNSEEN` when it was listed without a stat. The aggregator takes a
+    stat as the first of the two equal probes a path found by a walk must show (:func:`steady`)."""
     errors: list[tuple[str, str]] = field(default_factory=list)
     roots: dict[str, dict[str, RootId]] = field(default_factory=dict)  # per consumer, after a complete walk
 
@@ -188,7 +195,7 @@ def diff(
             for key in in_scope:
                 if key not in everything:
                     c.observe[key] = None  # gone (or no longer a regular file)
-        out.observe.extend((c.view.name, key) for key in c.observe)
+        out.observe.extend((c.view.name, key, seen) for key, seen in c.observe.items())
     return out
 
 
@@ -198,7 +205,7 @@ class _Compare:
     def __init__(self, view: View, scopes: list[str] | None, forced: bool, overlap: bool) -> None:
         self.view = view
         self.forced = forced
-        self.observe: dict[str, None] = {}
+        self.observe: dict[str, object] = {}  # path -> what the walk saw of it (see Diff.observe)
         self.met = 0
         self.met_keys: set[str] | None = set() if overlap else None  # walks overlap: a path may be met twice
         roots = scopes if scopes is not None else [str(r) for r in view.filter.roots]
@@ -223,29 +230,29 @@ class _Compare:
             self.met_keys |= met
         self.met += len(met)
         if self.forced:
-            for key in found:  # a forced walk trusts nothing: ``listed`` is empty
+            for key, fp in found.items():  # a forced walk trusts nothing: ``listed`` is empty
                 if owned(key):
-                    observe[key] = None
+                    observe[key] = fp
             return
         if listed:
             # A covered directory's watch reports every change of its files: only a file never
             # acknowledged (or one held) needs a look. Both found in C, not per listed path.
             for key in listed.difference(self.view.records):
                 if owned(key) and (key in held or queued(key, _MISSING) is _MISSING):
-                    observe[key] = None
+                    observe[key] = UNSEEN
             if held:
                 for key in held.intersection(listed):
                     if owned(key):
-                        observe[key] = None
+                        observe[key] = UNSEEN
         get = self.view.records.get
         for key, fp in found.items():
             rec = get(key)
             if rec is not None and rec.fingerprint == fp:
                 if held and key in held and owned(key):
-                    observe[key] = None  # acknowledged as it is, but held: taken up again
+                    observe[key] = fp  # acknowledged as it is, but held: taken up again
                 continue
             if owned(key) and (key in held or queued(key, _MISSING) != fp):
-                observe[key] = None  # differs from what was acknowledged and what is queued
+                observe[key] = fp  # differs from what was acknowledged and what is queued
 
 
 _MISSING: object = object()

@@ -402,12 +402,12 @@ class Engine:
         for key, error in found.errors:
             self._warn(key, error)
         now = self.clock()
-        for i, (name, key) in enumerate(found.observe):
+        for i, (name, key, seen) in enumerate(found.observe):
             if i and not i % _STEP:
                 await asyncio.sleep(0)  # a 100k-path walk must not keep the inotify reader off the loop
             slot = self.slots.get(name)
             if slot is not None and (key in slot.records.by_str or slot.owns(key)):
-                self.agg.observe((name, key), now, reason=reason, forced=forced, verify=True)
+                self.agg.observe((name, key), now, reason=reason, forced=forced, verify=True, seen=seen)
         for slot in slots:
             if len(slot._owns) > _OWNS_CACHE:
                 slot._owns = {}  # the walk's verdicts served their observations: drop a 100k-path table

@@ -150,7 +150,7 @@ def pending_changes(consumer: Consumer, filt: PathFilter, records: RecordStore) 
     found = diff(jobs, [view], None, False)
     digests = DigestCache()
     out: list[Change] = []
-    for _, key in dict.fromkeys(found.observe):
+    for key in dict.fromkeys(key for _, key, _ in found.observe):
         path = Path(key)
         if key not in records.by_str and not (filt(path) and _accepts(consumer, path)):
             continue

@@ -34,6 +34,11 @@ __all__ = ["Item", "QueueCounts", "QueueStats", "WorkQueue"]
 
 log = logging.getLogger("reloadd.queue")
 
+_BATCH = 512  # paths a batch starts at
+_BATCH_MAX = 8192  # paths a batch grows to at most for a fast consumer with a backlog
+_FAST = 0.05  # seconds: a full batch handled this fast doubles the next ones
+_SLOW = 1.0  # seconds: a batch this slow halves them
+
 
 @dataclass(frozen=True, slots=True)
 class QueueCounts:
@@ -65,7 +70,9 @@ class WorkQueue:
         consumer: The consumer.
         records: Its record store (read for de-duplication, written with results).
         concurrency: Batches in flight at once.
-        max_batch: Paths per batch at most.
+        max_batch: Paths per batch at most. A batch starts at 512 paths and doubles (up to this)
+            while the consumer acknowledges full ones within 50 ms and more are queued, so a
+            backlog goes in large batches to a fast consumer; a batch over 1 s halves it again.
         backoff_initial: First retry delay, seconds.
         backoff_max: Cap of the retry delay, seconds.
         on_change: Called whenever the queue's state changes (idle tracking, metrics).
@@ -88,7 +95,7 @@ class WorkQueue:
         records: RecordStore,
         *,
         concurrency: int = 1,
-        max_batch: int = 512,
+        max_batch: int = 8192,
         backoff_initial: float = 1.0,
         backoff_max: float = 300.0,
         on_change: Callable[[], None] = lambda: None,
@@ -105,6 +112,7 @@ class WorkQueue:
         self._recs = records.by_str
         self.concurrency = max(1, concurrency)
         self.max_batch = max_batch
+        self._batch = _BATCH  # a batch's size now: grows while the consumer acknowledges full batches fast
         self._delay = Backoff(backoff_initial, backoff_max).delay
         self._backoff_max = backoff_max
         self._on_change = on_change
@@ -326,6 +334,7 @@ class WorkQueue:
             if waiting:
                 return None  # recheck() wakes us when they are done
             now = self._clock()
+            limit = min(self._batch, self.max_batch)
             ready: list[Item] = []
             stale: list[str] = []
             held: dict[str, bool] = {}
@@ -347,7 +356,7 @@ class WorkQueue:
                 if ready and item.reason != ready[0].reason and item.group is None:
                     continue
                 ready.append(item)
-                if len(ready) >= self.max_batch:
+                if len(ready) >= limit:
                     break
             self._held_groups = frozenset(g for g, h in held.items() if h)
             for path in stale:
@@ -360,6 +369,8 @@ class WorkQueue:
             for item in ready:
                 del self._items[item.key]
                 self._inflight[item.key] = item
+            if not self._items:
+                self._items = {}  # a dict never shrinks: drop a burst's table
             task = asyncio.create_task(self._run_batch(ready), name=f"reloadd-batch-{self.consumer.name}")
             self._tasks.add(task)
             task.add_done_callback(self._batch_done)
@@ -419,9 +430,11 @@ class WorkQueue:
 
         batch = Batch(self.consumer.name, reason, changes, reporter=report)
         results: Mapping[Path, Result]
+        started = self._clock()
         try:
             try:
                 results = await self._handle(batch)
+                self._adapt(len(items), self._clock() - started)
             except Exception as exc:
                 if len(items) == 1:
                     results = {changes[0].path: self._map_error(exc, changes[0].path)}
@@ -448,6 +461,13 @@ class WorkQueue:
                     self._inflight.pop(item.key, None)
             if releases:
                 await asyncio.gather(*releases, return_exceptions=True)
+
+    def _adapt(self, size: int, seconds: float) -> None:
+        """Size the next batches by how fast the consumer took this one (see ``max_batch``)."""
+        if seconds < _FAST and size >= self._batch and len(self._items) > self._batch:
+            self._batch = min(self._batch * 2, _BATCH_MAX)
+        elif seconds > _SLOW and self._batch > _BATCH:
+            self._batch = max(_BATCH, self._batch // 2)
 
     async def _release(self, item: Item) -> None:
         """A path reported early: free once its acknowledgement is durable; its next change may go."""

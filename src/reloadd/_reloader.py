@@ -38,6 +38,7 @@ from ._consumer import Consumer, SourceProvider
 from ._drift import DriftBook
 from ._engine import Engine, Force, Slot
 from ._errors import ConfigError, WatchLimitError
+from ._memory import give_back
 from ._observe import pipeline_snapshot
 from ._order import check_after, group_matcher
 from ._plugins import SOURCE_GROUP, load
@@ -59,6 +60,10 @@ log = logging.getLogger("reloadd")
 
 SourceFactory = Callable[[SourceContext], Source]
 
+
+
+_TRIM_AFTER = 10_000  # paths handed over since the last trim that make the next idle spell trim
+_TRIM_DELAY = 1.0  # seconds the reloader must stay idle first
 
 
 class Reloader:
@@ -115,6 +120,7 @@ class Reloader:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._private = PrivateDirs()  # plugins' own directories
         self._initial_done = False  # the initial pass latch readiness uses (see _initial_pass_done)
+        self._trimmed_at = 0  # engine.stats.handed_over at the last memory trim
         self._passed: set[tuple[str, str]] = set()  # (consumer, held path it went ahead without) already logged
         self._groups: dict[str, tuple[tuple[str, ...], ...]] = {}
 
@@ -477,6 +483,15 @@ class Reloader:
         if engine is not None:
             for slot in engine.slots.values():
                 slot.queue.recheck()
+            if engine.stats.handed_over - self._trimmed_at >= _TRIM_AFTER and engine.idle:
+                # A burst is over: give its memory back once it stays over (see reloadd._memory).
+                self._trimmed_at = engine.stats.handed_over
+                asyncio.get_running_loop().call_later(_TRIM_DELAY, self._give_back)
+
+    def _give_back(self) -> None:
+        engine = self._engine
+        if engine is not None and engine.idle:
+            give_back()
 
     def _update_ready(self) -> bool:
         if not self._ready and self._engine is not None and self._engine.startup_done.is_set():

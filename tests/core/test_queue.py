@@ -186,3 +186,17 @@ async def test_retry_after_is_capped_by_the_backoff_maximum(tmp_path, recorder_c
     await rec.wait_path(root / "a.conf", 2, timeout=5)  # not an hour later
     await r.wait_idle(10)
     assert r.status()["consumers"]["rec"]["failing"] == []
+
+
+async def test_a_fast_consumer_with_a_backlog_gets_larger_batches(tmp_path, recorder_cls, start_reloader):
+    """A backlog goes to a consumer that acknowledges fast in batches that grow past 512 (to 8192 at most)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for i in range(6000):
+        (root / f"f{i:05d}").write_text(str(i))
+    rec = recorder_cls([root])
+    await start_reloader(rec)
+    await rec.wait_for(lambda x: len(x.changes) == 6000, timeout=60)
+    sizes = [len(b.changes) for b in rec.batches]
+    assert sizes[0] <= 512 and max(sizes) > 512, sizes
+    assert max(sizes) <= 8192 and sum(sizes) == 6000

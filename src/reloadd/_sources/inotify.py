@@ -11,8 +11,10 @@ What the peers get wrong and this gets right (see shared notes, watchers-and-rel
   ``UNMOUNT`` on a root or an ancestor mean "re-arm and rescan now", never silence.
 - Every ``rescan_interval`` the watched anchors are checked against the inodes they were
   armed on, so a parent moved away without an event reaching us is noticed.
-- Events are read in 256 KiB gulps and parsed here, straight into path strings and plain
-  ints (asyncinotify's reader builds a ``Path``, an ``IntFlag`` and a weak reference per
+- Events are read by a thread of their own, as soon as the kernel has them, and handed to
+  the loop in 256 KiB gulps: a loop busy settling a burst no longer lets the kernel's queue
+  (``fs.inotify.max_queued_events``) overflow behind it. They are parsed here, straight into
+  path strings and plain ints (asyncinotify's reader builds a ``Path``, an ``IntFlag`` and a weak reference per
   event, too slow to drain a 100,000-file burst before the kernel queue overflows);
   asyncinotify still arms and removes the watches.
 - ``ENOSPC`` (watch limit) keeps the watches already armed, reports rescan-only mode once
@@ -23,13 +25,17 @@ What the peers get wrong and this gets right (see shared notes, watchers-and-rel
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import os
+import select
 import stat
 import struct
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from asyncinotify import Inotify, Mask, Watch
@@ -55,7 +61,7 @@ _MASK = (
 )
 _READ_BYTES = 256 * 1024
 _FS_CODEC = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
-_GATHER = 0.004  # seconds a read waits when the previous one was this recent (a burst)
+_QUEUED_MAX = 64 << 20  # bytes of events read and not yet handled, at most (~2M events)
 _HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
 # Plain ints for the per-event hot path: IntFlag membership tests cost ~15x more.
 _OVERFLOW = int(Mask.Q_OVERFLOW)
@@ -144,39 +150,29 @@ class InotifySource:
         checker: asyncio.Task[None] | None = None
         loop = asyncio.get_running_loop()
         readable = asyncio.Event()
-        fd = ino.fd
-        os.set_blocking(fd, False)
-        loop.add_reader(fd, readable.set)
+        os.set_blocking(ino.fd, False)
+        reader = _Reader(ino.fd, loop, readable.set)
         try:
             await self._arm_all()
             checker = asyncio.create_task(self._check_loop(), name="reloadd-inotify-check")
-            last_read = -float("inf")
+            reader.start()
             while True:
                 await readable.wait()
                 readable.clear()
-                if loop.time() - last_read < _GATHER:
-                    # Events are streaming in (a burst): let one window of them pile up in the kernel
-                    # and take them in one read, not a read (and a turn of the loop) per file. The
-                    # first event after a quiet spell is read at once.
-                    loop.remove_reader(fd)
-                    try:
-                        await asyncio.sleep(_GATHER)
-                    finally:
-                        loop.add_reader(fd, readable.set)
-                try:
-                    data = os.read(fd, _READ_BYTES)
-                except BlockingIOError:
-                    continue
-                except OSError as exc:
-                    raise WatchError(f"Failed to read inotify events: {exc.strerror or exc}") from exc
-                last_read = loop.time()
-                await self._handle_buffer(data)
+                while (data := reader.take()) is not None:
+                    await self._handle_buffer(data)
+                if reader.dropped:
+                    reader.dropped = False  # the loop fell too far behind: as if the kernel queue overflowed
+                    await self._handle(-1, None, _OVERFLOW, "")
+                if reader.error is not None:
+                    failed = reader.error
+                    raise WatchError(f"Failed to read inotify events: {failed.strerror or failed}") from failed
                 done = self._recovery
                 if done is not None and done.done():
                     self._recovery = None
                     done.result()  # a re-arm that failed (e.g. the instance limit) fails the source
         finally:
-            loop.remove_reader(fd)
+            await asyncio.to_thread(reader.stop)
             if self._recovery is not None:
                 self._recovery.cancel()
                 with contextlib.suppress(asyncio.CancelledError, WatchError):
@@ -510,3 +506,81 @@ def _fresh_file(path: Path | str) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_size == 0
+
+
+class _Reader:
+    """Read an inotify fd in a thread of its own, as fast as the kernel fills it; the loop takes the reads.
+
+    The kernel queue holds ``fs.inotify.max_queued_events`` (16,384 by default): a writer at
+    full speed fills it in ~60 ms, less than one busy turn of an event loop settling a burst.
+    Read here, events wait in memory instead (bounded by :data:`_QUEUED_MAX`; beyond that reads
+    are dropped and :attr:`dropped` set, which the source treats as an overflow: rescan).
+    """
+
+    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop, wake: Callable[[], None]) -> None:
+        self.fd = fd
+        self.loop = loop
+        self.wake = wake
+        self.error: OSError | None = None
+        self.dropped = False
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._queued = 0
+        self._lock = threading.Lock()
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._thread = threading.Thread(target=self._run, name="reloadd-inotify-reader", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def take(self) -> bytes | None:
+        """The oldest read not handled yet, if any (on the loop)."""
+        with self._lock:
+            if not self._chunks:
+                return None
+            data = self._chunks.popleft()
+            self._queued -= len(data)
+            return data
+
+    def stop(self) -> None:
+        """End the thread and release its pipe (blocking: call it off the loop)."""
+        with contextlib.suppress(OSError):
+            os.write(self._stop_w, b"x")
+        if self._thread.is_alive():
+            self._thread.join()
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        poller.register(self._stop_r, select.POLLIN)
+        while True:
+            ready = poller.poll()
+            if any(fd == self._stop_r for fd, _ in ready):
+                return
+            got = False
+            while True:
+                try:
+                    data = os.read(self.fd, _READ_BYTES)
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    self.error = exc
+                    got = True
+                    break
+                if not data:
+                    break
+                got = True
+                with self._lock:
+                    if self._queued + len(data) > _QUEUED_MAX:
+                        self.dropped = True
+                    else:
+                        self._chunks.append(data)
+                        self._queued += len(data)
+            if got:
+                try:
+                    self.loop.call_soon_threadsafe(self.wake)
+                except RuntimeError:
+                    return  # the loop is closed
+            if self.error is not None:
+                return
