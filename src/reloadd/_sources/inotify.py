@@ -62,6 +62,7 @@ _MASK = (
 _READ_BYTES = 256 * 1024
 _FS_CODEC = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
 _QUEUED_MAX = 64 << 20  # bytes of events read and not yet handled, at most (~2M events)
+_GATHER = 0.004  # seconds a read waits when the previous one was this recent (a burst)
 _HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
 # Plain ints for the per-event hot path: IntFlag membership tests cost ~15x more.
 _OVERFLOW = int(Mask.Q_OVERFLOW)
@@ -554,10 +555,16 @@ class _Reader:
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
         poller.register(self._stop_r, select.POLLIN)
+        last = -float("inf")
         while True:
             ready = poller.poll()
             if any(fd == self._stop_r for fd, _ in ready):
                 return
+            if time.monotonic() - last < _GATHER:
+                # Events are streaming in (a burst): let a window of them pile up in the kernel and
+                # take them in one read, not a read (and a turn of the loop) per file. The first
+                # event after a quiet spell is read at once.
+                time.sleep(_GATHER)
             got = False
             while True:
                 try:
@@ -577,6 +584,7 @@ class _Reader:
                     else:
                         self._chunks.append(data)
                         self._queued += len(data)
+            last = time.monotonic()
             if got:
                 try:
                     self.loop.call_soon_threadsafe(self.wake)
