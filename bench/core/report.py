@@ -121,6 +121,16 @@ def _median(values: list[float]) -> float:
     return percentile([v for v in values if not math.isnan(v)], 50)
 
 
+def _pair_medians(rd: list[dict[str, Any]], wf: list[dict[str, Any]]) -> dict[str, float]:
+    """Last delivery and CPU of each watcher over runs of the same burst, and the median per-run ratios."""
+    out: dict[str, float] = {}
+    for key, field in (("last", "last_delivery_s"), ("cpu", "cpu_s")):
+        out[f"{key}_rd"] = _median([x[field] for x in rd])
+        out[f"{key}_wf"] = _median([x[field] for x in wf])
+        out[f"{key}_ratio"] = _median([ratio(a[field], b[field]) for a, b in zip(rd, wf, strict=True)])
+    return out
+
+
 def _burst_medians(results: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
     """Per burst size: medians over its runs of the per-run figures and reloadd / watchfiles ratios."""
     out: dict[int, dict[str, float]] = {}
@@ -130,13 +140,7 @@ def _burst_medians(results: list[dict[str, Any]]) -> dict[int, dict[str, float]]
         wf = [r["watchers"]["watchfiles"] for r in runs]
         out[n] = {
             "runs": len(runs),
-            "last_rd": _median([x["last_delivery_s"] for x in rd]),
-            "last_wf": _median([x["last_delivery_s"] for x in wf]),
-            "last_ratio": _median([ratio(a["last_delivery_s"], b["last_delivery_s"])
-                                   for a, b in zip(rd, wf, strict=True)]),
-            "cpu_rd": _median([x["cpu_s"] for x in rd]),
-            "cpu_wf": _median([x["cpu_s"] for x in wf]),
-            "cpu_ratio": _median([ratio(a["cpu_s"], b["cpu_s"]) for a, b in zip(rd, wf, strict=True)]),
+            **_pair_medians(rd, wf),
             "hwm_rd": _median([x.get("vmhwm", math.nan) for x in rd]),
             "hwm_wf": _median([x.get("vmhwm", math.nan) for x in wf]),
             "complete_rd": min(x["completeness"] for x in rd),
@@ -254,13 +258,7 @@ def _fast_medians(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         out[mode] = {
             "runs": len(runs),
             "files": runs[0]["files"],
-            "last_rd": _median([x["last_delivery_s"] for x in rd]),
-            "last_wf": _median([x["last_delivery_s"] for x in wf]),
-            "last_ratio": _median([ratio(a["last_delivery_s"], b["last_delivery_s"])
-                                   for a, b in zip(rd, wf, strict=True)]),
-            "cpu_rd": _median([x["cpu_s"] for x in rd]),
-            "cpu_wf": _median([x["cpu_s"] for x in wf]),
-            "cpu_ratio": _median([ratio(a["cpu_s"], b["cpu_s"]) for a, b in zip(rd, wf, strict=True)]),
+            **_pair_medians(rd, wf),
             "complete_rd": min(x["delivered"] / r["files"] for x, r in zip(rd, runs, strict=True)),
             "rss_growth": _median([x["rss_after_kib"] / x["rss_before_kib"] - 1 for x in rd if x["rss_before_kib"]]),
         }

@@ -31,9 +31,6 @@ __all__ = ["Aggregator", "Key", "Pending", "Timing"]
 Key = tuple[str, str]
 """(consumer name, path as a string)."""
 
-_UNSET = UNSEEN
-
-
 @dataclass(frozen=True, slots=True)
 class Timing:
     """Settle timing of one consumer, in seconds."""
@@ -53,7 +50,7 @@ class Pending:
     forced: bool = False
     writing: bool = False
     verify: bool = False
-    seen: object = _UNSET  # Fingerprint | None at the previous probe, or _UNSET
+    seen: object = UNSEEN  # Fingerprint | None at the previous probe (or a walk's stat), or UNSEEN
     events: int = 1
     queued: float | None = None  # when its one live heap entry falls due; None while out for a probe
 
@@ -266,7 +263,7 @@ class Aggregator:
         p = self._pending.get(key)
         if p is None:
             return None
-        growing = p.seen is _UNSET or not steady(p.seen, fingerprint)
+        growing = not steady(p.seen, fingerprint)  # UNSEEN equals no fingerprint
         if p.verify and growing and now - p.first < self.timing(key[0]).max_hold:
             p.seen = fingerprint
             p.last = now

@@ -60,8 +60,6 @@ log = logging.getLogger("reloadd")
 
 SourceFactory = Callable[[SourceContext], Source]
 
-
-
 _TRIM_AFTER = 10_000  # paths handed over since the last trim that make the next idle spell trim
 _TRIM_DELAY = 1.0  # seconds the reloader must stay idle first
 
@@ -490,8 +488,8 @@ class Reloader:
 
     def _give_back(self) -> None:
         engine = self._engine
-        if engine is not None and engine.idle:
-            give_back()
+        if engine is not None and engine.idle and self._loop is not None:
+            self._loop.run_in_executor(None, give_back)  # walks the heap: not on the loop
 
     def _update_ready(self) -> bool:
         if not self._ready and self._engine is not None and self._engine.startup_done.is_set():

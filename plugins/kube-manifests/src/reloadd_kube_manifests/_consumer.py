@@ -37,7 +37,6 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -405,9 +404,7 @@ class KubeManifestsConsumer(BaseConsumer):
         except ReloaddError as exc:
             self.log.warning("Failed to read the API server's discovery: %s", exc)
             # The core's policy (a transient failure retried, a permanent one rejected), said of discovery.
-            result = result_of(exc, self.name, "API discovery")
-            result = replace(result, error=f"API discovery: {result.error}")
-            return dict.fromkeys(batch.paths, result)
+            return dict.fromkeys(batch.paths, result_of(exc, self.name, "API discovery", name_path=True))
         results: dict[Path, Result] = {}
         live = [c for c in batch.changes if c.kind is not ChangeKind.DELETED]
         gone = [c for c in batch.changes if c.kind is ChangeKind.DELETED]
