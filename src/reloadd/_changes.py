@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 
 from ._filters import PathFilter, under
 from ._item import Item
+from ._packed import digest_of, stat_of
 from ._prune import PruneGuard, RootId
 from ._scan import DigestCache, Found, Trust, local_devices, scan
 from ._types import Change, ChangeKind, Fingerprint, PathRecord
 
 __all__ = ["CHANGED", "UNREADABLE", "UNSEEN", "Diff", "Needed", "View", "change_kind", "diff", "digest_all", "needed",
-           "repeats", "steady", "unchanged"]
+           "needed_packed", "repeats", "steady", "unchanged"]
 
 
 UNSEEN: object = object()
@@ -84,11 +85,28 @@ def needed(rec: PathRecord | None, fingerprint: Fingerprint | None, digest: str 
     return Needed.YES
 
 
-def change_kind(rec: PathRecord | None, fingerprint: Fingerprint | None) -> ChangeKind:
-    """What a needed hand-over is to the consumer: added, modified or deleted (pure)."""
+def needed_packed(raw: bytes | None, fingerprint: Fingerprint | None, digest: str | None, *,
+                  forced: bool = False) -> Needed:
+    """:func:`needed` of a packed record (:mod:`reloadd._packed`), read without unpacking it."""
+    if forced or raw is None:
+        return needed(None, fingerprint, digest, forced=forced)
+    if fingerprint is None:
+        return Needed.YES
+    if stat_of(raw) == fingerprint:
+        return Needed.NO
+    if digest is not None and digest_of(raw) == digest:
+        return Needed.SAME_CONTENT
+    return Needed.YES
+
+
+def change_kind(rec: PathRecord | bool | None, fingerprint: Fingerprint | None) -> ChangeKind:
+    """What a needed hand-over is to the consumer: added, modified or deleted (pure).
+
+    ``rec`` is the path's record, or only whether it has one.
+    """
     if fingerprint is None:
         return ChangeKind.DELETED
-    return ChangeKind.ADDED if rec is None else ChangeKind.MODIFIED
+    return ChangeKind.MODIFIED if rec is not None and rec is not False else ChangeKind.ADDED
 
 
 CHANGED = "changed"
@@ -115,7 +133,7 @@ class View:
     name: str
     filter: PathFilter
     owns: Mapping[str, bool]
-    records: Mapping[str, PathRecord]
+    records: Mapping[str, bytes]  # RecordStore.packed
     queued: Callable[[str, object], object]  # WorkQueue.queued_fingerprint
     settling: Callable[[], Iterable[tuple[str, str]]]  # Aggregator.keys_snapshot: (consumer, path) settling
     prune_held: frozenset[str] = frozenset()  # removals held: looked at when found, not re-judged when missing
@@ -247,7 +265,7 @@ class _Compare:
         get = self.view.records.get
         for key, fp in found.items():
             rec = get(key)
-            if rec is not None and rec.fingerprint == fp:
+            if rec is not None and stat_of(rec) == fp:
                 if held and key in held and owned(key):
                     observe[key] = fp  # acknowledged as it is, but held: taken up again
                 continue

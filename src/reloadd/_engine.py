@@ -243,7 +243,12 @@ class Engine:
         periodic = True  # every RESCAN asked for is the timer's (none says events were lost)
         everything: Reason | None = None  # a forced pass of every consumer's every path, asked for by ...
         whole: dict[str, Reason] = {}  # ... or of one consumer's
+        seen: Counter[tuple[str, EventKind]] = Counter()
         for ev in events:
+            if type(ev) is SourceEvent and ev.kind in _FILE_KINDS and ev.path is not None:
+                seen[(ev.source, ev.kind)] += 1  # the hot path: a file event (100k in a burst)
+                self._observe_file(ev, now)
+                continue
             if isinstance(ev, SourceEvent) and ev.kind is EventKind.RESYNC:
                 ev = Force(reason=Reason.SIGNAL)  # SIGHUP: an operator asked
             if isinstance(ev, Force):
@@ -254,7 +259,7 @@ class Engine:
                 elif ev.consumer in self.slots:
                     whole.setdefault(ev.consumer, ev.reason)
                 continue
-            self.stats.events[(ev.source, ev.kind.value)] += 1
+            seen[(ev.source, ev.kind)] += 1
             if ev.kind is EventKind.RESCAN:
                 if ev.source in ("inotify", "supervisor"):  # events were lost
                     self.stats.overflows += ev.source == "inotify"
@@ -268,6 +273,8 @@ class Engine:
                 self._drifted(ev, now)
             elif ev.path is not None:
                 self._observe_file(ev, now)
+        for (source, kind), n in seen.items():
+            self.stats.events[(source, kind.value)] += n
         if everything is not None:
             self.stats.resyncs += 1
             await self.reconcile(None, everything, forced=True)
@@ -288,7 +295,7 @@ class Engine:
         key = os.fspath(ev.path)
         path = ev.path if isinstance(ev.path, Path) else None
         for slot in self.slots.values():
-            if slot.owns(key, path):
+            if key in slot.records.packed or slot.owns(key, path):  # a recorded path is the consumer's
                 self.agg.observe((slot.name, key), now, reason=Reason.INOTIFY, writing=writing)
                 self.agg.coalesced += ev.folded  # folded by the source: coalesced all the same
 
@@ -371,7 +378,7 @@ class Engine:
                     elif under(root, top):
                         jobs.append((str(root), str(root), s.filter.recursive))
         jobs = list(dict.fromkeys(jobs))
-        views = [View(s.name, s.filter, s._owns, s.records.by_str, s.queue.queued_fingerprint, self.agg.keys_snapshot,
+        views = [View(s.name, s.filter, s._owns, s.records.packed, s.queue.queued_fingerprint, self.agg.keys_snapshot,
                        frozenset(s.queue.guard.held), s.queue.guard if tops is None else None)
                  for s in slots]
         scopes = [str(t) for t in tops] if tops is not None else None
@@ -468,11 +475,8 @@ class Engine:
 
     async def _hand_over(self, released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]],
                          overdue: frozenset[Key] | set[Key] = frozenset()) -> None:
-        want = [
-            (key[1], fp)
-            for key, _, fp, _, _ in released
-            if fp is not None and self.slots[key[0]].consumer.content_digest
-        ]
+        digesting = {name for name, slot in self.slots.items() if slot.consumer.content_digest}
+        want = [(key[1], fp) for key, _, fp, _, _ in released if fp is not None and key[0] in digesting]
         digests: dict[tuple[str, Fingerprint], str | None] = {}
         if want:
             digests = await asyncio.to_thread(digest_all, self.digests, want)
@@ -521,6 +525,7 @@ class Engine:
 
 
 _WRITING = {EventKind.WRITING: True, EventKind.WRITTEN: False, EventKind.GONE: False}
+_FILE_KINDS = frozenset(EventKind) - {EventKind.RESCAN, EventKind.SUBTREE, EventKind.DRIFTED, EventKind.RESYNC}
 
 
 def _probe_all(jobs: list[tuple[Key, Path]]) -> list[Probe]:

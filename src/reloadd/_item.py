@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PosixPath
 
 from ._types import Fingerprint, Reason
 
-__all__ = ["Item"]
+__all__ = ["Item", "path_of"]
+
+# Python 3.11's pathlib parses every ``Path(str)`` (1.7 µs); a key is already an absolute normalised path, so its
+# parts are its split. 3.12 parses lazily, and its internals differ: there the plain constructor is used.
+_FROM_PARTS = (getattr(PosixPath, "_from_parsed_parts", None)
+               if sys.version_info[:2] == (3, 11) and sys.platform != "win32" else None)
+
+
+def path_of(key: str) -> Path:
+    """``Path(key)``, built without parsing when ``key`` is absolute and normalised (what the engine's keys are)."""
+    if (_FROM_PARTS is not None and key[:1] == "/" and len(key) > 1 and "//" not in key and "/./" not in key
+            and key[-1] != "/" and not key.endswith("/.")):
+        path: Path = _FROM_PARTS("", "/", ["/", *key[1:].split("/")])
+        return path
+    return Path(key)
 
 
 @dataclass(slots=True)
@@ -38,4 +53,4 @@ class Item:
     @property
     def path(self) -> Path:
         """The path as a ``Path`` (built on each call)."""
-        return Path(self.key)
+        return path_of(self.key)

@@ -146,7 +146,7 @@ class PlanReport:
 def pending_changes(consumer: Consumer, filt: PathFilter, records: RecordStore) -> tuple[Change, ...]:
     """What the next start-up pass would hand ``consumer`` (blocking: walks, stats and digests)."""
     jobs = [(str(root), str(root), filt.recursive) for root in filt.roots]
-    view = View(consumer.name, filt, {}, records.by_str, _nothing_queued, tuple)
+    view = View(consumer.name, filt, {}, records.packed, _nothing_queued, tuple)
     found = diff(jobs, [view], None, False)
     digests = DigestCache()
     out: list[Change] = []

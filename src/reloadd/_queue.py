@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ._backoff import Backoff
-from ._changes import Needed, change_kind, needed, repeats
+from ._changes import Needed, change_kind, needed_packed, repeats
 from ._consumer import Consumer, PruneAware
 from ._drift import DriftBook
 from ._errors import ConsumerError, StateError
@@ -26,9 +26,10 @@ from ._filters import PathFilter
 from ._holds import HeldRemovals
 from ._item import Item
 from ._outcomes import result_of
+from ._packed import data_of, unpack
 from ._prune import PruneGuard
 from ._state import RecordStore
-from ._types import Ack, Batch, Change, ChangeKind, Hold, PathRecord, Reason, Reject, Result, Retry
+from ._types import Ack, Batch, Change, ChangeKind, Hold, Reason, Reject, Result, Retry
 
 __all__ = ["Item", "QueueCounts", "QueueStats", "WorkQueue"]
 
@@ -110,6 +111,7 @@ class WorkQueue:
         self.consumer = consumer
         self.records = records
         self._recs = records.by_str
+        self._packed = records.packed
         self.concurrency = max(1, concurrency)
         self.max_batch = max_batch
         self._batch = _BATCH  # a batch's size now: grows while the consumer acknowledges full batches fast
@@ -206,9 +208,7 @@ class WorkQueue:
             }
             for i in self._failing().values()
         ]
-        rejected = [
-            {"path": p, "error": r.error} for p, r in self.records.by_str.items() if r.error is not None
-        ]
+        rejected = [{"path": p, "error": error} for p, error in self.records.errors()]
         deferred = [
             {"path": i.key, "reason": i.deferred, "retry_in": round(max(0.0, i.not_before - now), 3)}
             for i in self._items.values()
@@ -284,13 +284,13 @@ class WorkQueue:
         return self._held.listing()
 
     def _needed(self, item: Item) -> bool:
-        rec = self._recs.get(item.key)
-        verdict = needed(rec, item.fingerprint, item.digest, forced=item.forced)
-        if verdict is Needed.SAME_CONTENT and rec is not None:
+        raw = self._packed.get(item.key)
+        verdict = needed_packed(raw, item.fingerprint, item.digest, forced=item.forced)
+        if verdict is Needed.SAME_CONTENT and raw is not None:
             # Same content, only times (or the inode) moved: remember the new
             # fingerprint so the next comparison is a cheap one.
-            self.records.put(item.key, replace(rec, fingerprint=item.fingerprint))
-        if verdict is not Needed.YES and item.fingerprint is not None and rec is not None:
+            self.records.put(item.key, replace(unpack(raw), fingerprint=item.fingerprint))
+        if verdict is not Needed.YES and item.fingerprint is not None and raw is not None:
             self.stats.dropped_unchanged += 1
         return verdict is Needed.YES
 
@@ -393,7 +393,7 @@ class WorkQueue:
         self._on_change()
 
     def _change_of(self, item: Item) -> Change:
-        kind = change_kind(self._recs.get(item.key), item.fingerprint)
+        kind = change_kind(item.key in self._packed, item.fingerprint)
         return Change(item.path, kind, item.fingerprint, item.digest, item.forced, item.root, item.confirmed)
 
     async def _run_batch(self, items: list[Item]) -> None:
@@ -516,9 +516,9 @@ class WorkQueue:
 
     def _apply(self, item: Item, change: Change, result: Result | None) -> None:
         path = item.key
-        prev = self._recs.get(path)
+        prev = self._packed.get(path)
         if result is None:
-            result = Ack(prev.data if prev is not None else None)
+            result = Ack(data_of(prev) if prev is not None else None)
         if not isinstance(result, Retry | Hold):
             self.guard.done(path)
         if isinstance(result, Ack):
@@ -527,7 +527,12 @@ class WorkQueue:
             if change.kind is ChangeKind.DELETED:
                 self.records.drop(path)
             else:
-                self.records.put(path, PathRecord(item.fingerprint, item.digest, result.data, None))
+                try:
+                    self.records.set(path, item.fingerprint, item.digest, result.data)
+                except (TypeError, ValueError) as exc:  # a plugin bug: keep the acknowledgement, not the data
+                    log.error("Consumer %s acknowledged %s with data that is not JSON (not kept): %s",
+                              self.consumer.name, path, exc)
+                    self.records.set(path, item.fingerprint, item.digest)
             if self.drift is not None:
                 (self.drift.forget if change.kind is ChangeKind.DELETED else self.drift.settled)(path)
         elif isinstance(result, Reject):
@@ -537,8 +542,8 @@ class WorkQueue:
             if change.kind is ChangeKind.DELETED:
                 self.records.drop(path)
             else:
-                data = result.data if result.data is not None else (prev.data if prev else None)
-                self.records.put(path, PathRecord(item.fingerprint, item.digest, data, result.error))
+                data = result.data if result.data is not None else (data_of(prev) if prev else None)
+                self.records.set(path, item.fingerprint, item.digest, data, result.error)
         elif isinstance(result, Hold):
             if path not in self._items and path not in self._held:  # else a newer change goes instead
                 self._held.hold(item, result.why)

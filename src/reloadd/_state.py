@@ -22,13 +22,25 @@ import fcntl
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, ValuesView
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._errors import StateError
-from ._types import Fingerprint, PathRecord
+from ._packed import (
+    RecordView,
+    dumps,
+    error_of,
+    fields_json,
+    from_json,
+    has_error,
+    journal_json,
+    pack_json,
+    pack_record,
+    unpack,
+)
+from ._types import Fingerprint, JSONValue, PathRecord
 
 __all__ = ["FlushJob", "RecordStore", "atomic_write", "lock_state_dir"]
 
@@ -80,41 +92,15 @@ def _fsync_dir(d: Path) -> None:
 
 
 _str = json.encoder.encode_basestring_ascii  # what json.dumps uses for a str, in C
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _encode(rec: PathRecord) -> str:
-    """``json.dumps(record_dict, separators=(",", ":"))``, without the generic encoder for the common case."""
-    parts: list[str] = []
-    fp = rec.fingerprint
-    if fp is not None:
-        parts.append(f'"fp":[{fp[0]:d},{fp[1]:d},{fp[2]:d},{fp[3]:d}]')
-    if rec.digest is not None:
-        parts.append('"digest":' + _str(rec.digest))
-    if rec.data is not None:
-        parts.append('"data":' + _dumps(rec.data))
-    if rec.error is not None:
-        parts.append('"error":' + _str(rec.error))
-    return "{" + ",".join(parts) + "}"
-
-
-def _decode(raw: Mapping[str, Any]) -> PathRecord:
-    fp = raw.get("fp")
-    return PathRecord(
-        fingerprint=Fingerprint.from_json(fp) if fp is not None else None,
-        digest=raw.get("digest"),
-        data=raw.get("data"),
-        error=raw.get("error"),
-    )
-
-
-def _snapshot_chunks(gen: int, records: dict[str, PathRecord], per_chunk: int = 2048) -> Iterator[bytes]:
+def _snapshot_chunks(gen: int, records: dict[str, bytes], per_chunk: int = 2048) -> Iterator[bytes]:
     """The snapshot document, encoded a few thousand records at a time (no 100k-entry copy)."""
     yield f'{{"version":{_VERSION},"gen":{gen},"records":{{'.encode()
     buf: list[str] = []
     first = True
     for key, rec in records.items():
-        buf.append(("" if first else ",") + _str(key) + ":" + _encode(rec))
+        buf.append(("" if first else ",") + _str(key) + ":" + journal_json(rec))
         first = False
         if len(buf) >= per_chunk:
             yield "".join(buf).encode()
@@ -142,21 +128,23 @@ class RecordStore(Mapping[Path, PathRecord]):
         self.directory = directory
         self._snapshot = directory / "records.json" if directory is not None else Path()
         self._gen = 0
-        self._records: dict[str, PathRecord] = {}
+        self._records: dict[str, bytes] = {}  # packed (see reloadd._packed): one untracked bytes a path
+        self._view = RecordView(self._records)
         self._buffer: list[str] = []
         self._journal_lines = 0
         self._compact_after = compact_after
 
     # Mapping interface -------------------------------------------------------------
     def __getitem__(self, key: Path | str) -> PathRecord:
-        return self._records[os.fspath(key)]
+        return unpack(self._records[os.fspath(key)])
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str | os.PathLike) and os.fspath(key) in self._records
 
     def get(self, key: Path | str, default: Any = None) -> Any:
         """The record of ``key``, or ``default``."""
-        return self._records.get(os.fspath(key), default)
+        raw = self._records.get(os.fspath(key))
+        return default if raw is None else unpack(raw)
 
     def __iter__(self) -> Iterator[Path]:
         return (Path(k) for k in self._records)
@@ -164,21 +152,37 @@ class RecordStore(Mapping[Path, PathRecord]):
     def __len__(self) -> int:
         return len(self._records)
 
-    def values(self) -> ValuesView[PathRecord]:
-        """C-speed view of the records."""
-        return self._records.values()
+    def values(self) -> Iterator[PathRecord]:  # type: ignore[override]
+        """The records (unpacked one at a time)."""
+        return (unpack(raw) for raw in self._records.values())
 
     @property
     def by_str(self) -> Mapping[str, PathRecord]:
-        """The live records keyed by path string (the engine's hot paths; never mutate it).
+        """The live records keyed by path string (read-only; unpacked as read).
 
-        The same dict object for the store's lifetime, so callers may keep it.
+        The same object for the store's lifetime, so callers may keep it.
         """
+        return self._view
+
+    @property
+    def packed(self) -> Mapping[str, bytes]:
+        """The live packed records keyed by path string (the engine's hot paths; never mutate it)."""
         return self._records
+
+    def error(self, key: str) -> str | None:
+        """The error of the record of ``key`` (``None``: no record, or no error), without unpacking the rest."""
+        raw = self._records.get(key)
+        return None if raw is None else error_of(raw)
 
     def rejected(self) -> int:
         """How many paths are held by a permanent error."""
-        return sum(1 for r in self._records.values() if r.error is not None)
+        return sum(1 for r in self._records.values() if has_error(r))
+
+    def errors(self) -> Iterator[tuple[str, str]]:
+        """(path, error) of every path held by a permanent error."""
+        for key, raw in self._records.items():
+            if has_error(raw):
+                yield key, error_of(raw) or ""
 
     @property
     def persistent(self) -> bool:
@@ -226,9 +230,9 @@ class RecordStore(Mapping[Path, PathRecord]):
         except (OSError, ValueError, AttributeError, TypeError):
             return 0
 
-    def _read(self) -> tuple[dict[str, PathRecord], int, int | None]:
+    def _read(self) -> tuple[dict[str, bytes], int, int | None]:
         """Snapshot plus journal: the records, the journal's line count, and where its good part ends."""
-        records: dict[str, PathRecord] = {}
+        records: dict[str, bytes] = {}
         self._gen = 0
         try:
             raw = json.loads(self._snapshot.read_bytes())
@@ -236,7 +240,7 @@ class RecordStore(Mapping[Path, PathRecord]):
                 raise StateError(f"{self._snapshot}: unsupported state version {raw.get('version')!r}")
             self._gen = int(raw.get("gen", 0))
             for p, r in raw.get("records", {}).items():
-                records[p] = _decode(r)
+                records[p] = from_json(r)
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -263,7 +267,7 @@ class RecordStore(Mapping[Path, PathRecord]):
                     if op.get("del"):
                         records.pop(path, None)
                     else:
-                        records[path] = _decode(op.get("r", {}))
+                        records[path] = from_json(op.get("r", {}))
         except FileNotFoundError:
             return records, lines, None
         except OSError as exc:
@@ -271,11 +275,25 @@ class RecordStore(Mapping[Path, PathRecord]):
         return records, lines, good_end
 
     def put(self, path: Path | str, record: PathRecord) -> None:
-        """Set the record of ``path`` (buffered until :meth:`flush`)."""
-        key = os.fspath(path)
-        self._records[key] = record
+        """Set the record of ``path`` (buffered until :meth:`flush`).
+
+        Raises:
+            TypeError, ValueError: the record's ``data`` is not JSON.
+        """
+        self._set(os.fspath(path), pack_record(record))
+
+    def set(self, key: str, fingerprint: Fingerprint | None, digest: str | None = None, data: JSONValue = None,
+            error: str | None = None) -> None:
+        """:meth:`put` of a record given by its fields (no ``PathRecord`` built, the data encoded once)."""
+        text = None if data is None else dumps(data)
+        self._records[key] = pack_json(fingerprint, digest, text, error)
         if self.directory is not None:
-            self._buffer.append('{"p":' + _str(key) + ',"r":' + _encode(record) + "}")
+            self._buffer.append('{"p":' + _str(key) + ',"r":' + fields_json(fingerprint, digest, text, error) + "}")
+
+    def _set(self, key: str, raw: bytes) -> None:
+        self._records[key] = raw
+        if self.directory is not None:
+            self._buffer.append('{"p":' + _str(key) + ',"r":' + journal_json(raw) + "}")
 
     def drop(self, path: Path | str) -> None:
         """Forget ``path`` (buffered until :meth:`flush`)."""
@@ -347,7 +365,7 @@ class RecordStore(Mapping[Path, PathRecord]):
             return
         self._compact(self._records)
 
-    def _compact(self, records: dict[str, PathRecord]) -> None:
+    def _compact(self, records: dict[str, bytes]) -> None:
         old = self._journal
         atomic_write(self._snapshot, _snapshot_chunks(self._gen + 1, records))
         self._gen += 1
@@ -361,7 +379,7 @@ class FlushJob:
     """Mutations detached from the buffer; ``snapshot`` set when this flush compacts."""
 
     lines: list[str]
-    snapshot: dict[str, PathRecord] | None = None
+    snapshot: dict[str, bytes] | None = None
 
 
 def lock_state_dir(state_dir: Path) -> int:

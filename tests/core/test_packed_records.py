@@ -1,0 +1,97 @@
+"""Records are kept packed, one untracked ``bytes`` a path: what a consumer reads back is what it acknowledged."""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reloadd import Fingerprint, PathRecord
+from reloadd._item import path_of
+from reloadd._packed import digest_of, journal_json, pack_record, stat_of, unpack
+from reloadd._state import RecordStore
+
+_ints = st.integers(min_value=0, max_value=2**63 - 1)
+_times = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**53), max_value=2**53) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+_records = st.builds(
+    PathRecord,
+    fingerprint=st.none() | st.builds(Fingerprint, _ints, _ints, _times, _times),
+    digest=st.none() | st.text(alphabet="0123456789abcdef", min_size=64, max_size=64) | st.text(),
+    data=_json,
+    error=st.none() | st.text(),
+)
+
+
+@given(_records)
+def test_a_record_reads_back_as_it_was_put(rec: PathRecord) -> None:
+    raw = pack_record(rec)
+    assert unpack(raw) == rec
+    assert stat_of(raw) == rec.fingerprint
+    assert digest_of(raw) == rec.digest
+    # The state files hold exactly what json.dumps gives for the record's fields.
+    fields = {"fp": list(rec.fingerprint) if rec.fingerprint is not None else None, "digest": rec.digest,
+              "data": rec.data, "error": rec.error}
+    assert json.loads(journal_json(raw)) == {k: v for k, v in fields.items() if v is not None}
+
+
+def test_records_survive_a_restart_and_are_not_tracked_by_the_collector(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "state")
+    store.load()
+    fp = Fingerprint(7, 3, 1_700_000_000_000_000_000, 1_700_000_000_500_000_000)
+    store.set("/srv/a.yaml", fp, "ab" * 32, {"applied": ["ConfigMap/x"]})
+    store.put(Path("/srv/b.yaml"), PathRecord(fp, None, None, "bad: line 3"))
+    store.flush()
+    again = RecordStore(tmp_path / "state")
+    again.load()
+    assert again[Path("/srv/a.yaml")] == PathRecord(fp, "ab" * 32, {"applied": ["ConfigMap/x"]}, None)
+    assert again.by_str["/srv/b.yaml"].error == "bad: line 3"
+    assert list(again.errors()) == [("/srv/b.yaml", "bad: line 3")]
+    assert again.rejected() == 1
+    # What 100,000 paths cost a full collection: nothing per record.
+    assert not any(gc.is_tracked(raw) for raw in again.packed.values())
+    again.compact()
+    third = RecordStore(tmp_path / "state")
+    third.load()
+    assert dict(third.by_str) == dict(again.by_str)
+
+
+def test_path_of_is_the_path() -> None:
+    for key in ["/", "/a", "/srv/reloadd/images/app.tar", "/a/.hidden", "/a/b.", "/a/..b", "/a/../b", "/a/./b",
+                "//a/b", "/a//b", "/a/b/", "/a/.", "relative/x", "/a b/c\u00e9", "/a/b\udcff"]:
+        got = path_of(key)
+        want = Path(key)
+        assert got == want and str(got) == str(want) and got.parts == want.parts, key
+        assert hash(got) == hash(want) and got.name == want.name and got.parent == want.parent, key
+
+
+async def test_data_that_is_not_json_is_named_and_the_acknowledgement_kept(tmp_path, caplog):
+    from reloadd import Ack, BaseConsumer, ConsumerContext, Reloader, parse_config
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.conf").write_text("a")
+    handed: list[Path] = []
+
+    class SetData(BaseConsumer):
+        async def handle(self, batch):
+            handed.extend(c.path for c in batch.changes)
+            return {c.path: Ack({"refs": {1, 2}}) for c in batch.changes}  # a set: not JSON
+
+    consumer = SetData(ConsumerContext(name="c", paths=(root,), options={}, state_dir=tmp_path / "cs"))
+    cfg = parse_config({"reloadd": {"state_dir": "", "quiet": "50ms"}})
+    async with Reloader(cfg, consumers=[consumer]) as r:
+        await r.wait_idle(10)
+        record = r.engine.slots["c"].records.get(str(root / "a.conf"))
+        assert record is not None and record.data is None and record.fingerprint is not None
+        r.trigger()
+        await r.wait_idle(10)
+    assert handed == [root / "a.conf"] * 2  # acknowledged: not handed over again until asked
+    assert any("a.conf" in m and "not JSON" in m for m in caplog.messages)
