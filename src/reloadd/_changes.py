@@ -88,8 +88,10 @@ def needed(rec: PathRecord | None, fingerprint: Fingerprint | None, digest: str 
 def needed_packed(raw: bytes | None, fingerprint: Fingerprint | None, digest: str | None, *,
                   forced: bool = False) -> Needed:
     """:func:`needed` of a packed record (:mod:`reloadd._packed`), read without unpacking it."""
-    if forced or raw is None:
-        return needed(None, fingerprint, digest, forced=forced)
+    if forced:
+        return Needed.YES
+    if raw is None:
+        return Needed.NO if fingerprint is None else Needed.YES
     if fingerprint is None:
         return Needed.YES
     if stat_of(raw) == fingerprint:

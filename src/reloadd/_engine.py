@@ -145,7 +145,7 @@ class Engine:
         self.agg = aggregator
         self.clock = clock
         self.on_change = on_change
-        self.inbox: asyncio.Queue[SourceEvent | Force] = asyncio.Queue()
+        self.inbox: asyncio.Queue[SourceEvent | Force | list[SourceEvent]] = asyncio.Queue()
         self.digests = DigestCache()
         self.stats = EngineStats()
         self.busy = False
@@ -165,6 +165,12 @@ class Engine:
         """Queue an event for the pump (callable from sources and signal handlers)."""
         self.inbox.put_nowait(event)
         self.on_change()
+
+    def emit_all(self, events: list[SourceEvent]) -> None:
+        """Queue several events for the pump in one step (a source's whole read)."""
+        if events:
+            self.inbox.put_nowait(events)
+            self.on_change()
 
     @property
     def idle(self) -> bool:
@@ -222,11 +228,11 @@ class Engine:
             timeout = None if deadline is None else max(0.0, deadline - self.clock())
             events: list[SourceEvent | Force] = []
             try:
-                events.append(await asyncio.wait_for(self.inbox.get(), timeout))
+                _take(events, await asyncio.wait_for(self.inbox.get(), timeout))
             except TimeoutError:
                 pass
             while not self.inbox.empty():
-                events.append(self.inbox.get_nowait())
+                _take(events, self.inbox.get_nowait())
             self.busy = True
             try:
                 if events:
@@ -526,6 +532,13 @@ class Engine:
 
 _WRITING = {EventKind.WRITING: True, EventKind.WRITTEN: False, EventKind.GONE: False}
 _FILE_KINDS = frozenset(EventKind) - {EventKind.RESCAN, EventKind.SUBTREE, EventKind.DRIFTED, EventKind.RESYNC}
+
+
+def _take(events: list[SourceEvent | Force], got: SourceEvent | Force | list[SourceEvent]) -> None:
+    if isinstance(got, list):
+        events.extend(got)  # a source's whole read, emitted in one step
+    else:
+        events.append(got)
 
 
 def _probe_all(jobs: list[tuple[Key, Path]]) -> list[Probe]:

@@ -160,7 +160,7 @@ def fields_json(fp: tuple[int, int, int, int] | None, digest: str | None, data: 
     """:func:`journal_json` of a record given by its fields (``data`` as JSON text)."""
     parts: list[str] = []
     if fp is not None:
-        parts.append(f'"fp":[{fp[0]:d},{fp[1]:d},{fp[2]:d},{fp[3]:d}]')
+        parts.append(f'"fp":[{fp[0]},{fp[1]},{fp[2]},{fp[3]}]')  # ints: str() is their JSON
     if digest is not None:
         parts.append('"digest":' + _str(digest))
     if data is not None:

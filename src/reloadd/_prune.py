@@ -172,24 +172,34 @@ class PruneGuard:
             return f"root {root} disappeared"
         except OSError as exc:  # EACCES, EIO, ESTALE, ENOTCONN: a volume gone bad, not an edit
             return f"root {root} is unreadable: {exc.strerror or exc}"
+        if self._holds_any_file(root):
+            return None  # files are left (or replaced by others): an edit, not a loss
+        # Only an emptied root costs a pass over the records (an ordinary delete stops above at its first file).
         prefix = root.rstrip("/") + "/"
         recorded = [k for k in list(self._records) if k.startswith(prefix)]
         if len(recorded) < 2:
             return None  # deleting the one file left is an ordinary delete
         if any(os.path.lexists(k) for k in recorded):
             return None
-        if self._holds_any_file(root):
-            return None  # replaced by other files: an edit, not a loss
         return f"every file under root {root} went at once"
 
     def _holds_any_file(self, root: str) -> bool:
-        for top, dirs, files in os.walk(root):
-            for name in files:
-                if self._owned(os.path.join(top, name)):
-                    return True
-            if not self._filter.recursive:
-                return False
-            dirs[:] = [d for d in dirs if not d.startswith("..")]  # a ConfigMap's ..data swap dirs
+        """Whether a file the consumer would take is under ``root``: stops at the first one, listing as it goes."""
+        stack = [root]
+        while stack:
+            top = stack.pop()
+            try:
+                with os.scandir(top) as entries:
+                    for e in entries:
+                        if e.name.startswith(".."):
+                            continue  # a ConfigMap's ..data swap dirs
+                        if e.is_dir():  # a symlink to a directory is not followed, nor taken for a file
+                            if self._filter.recursive and not e.is_symlink():
+                                stack.append(e.path)
+                        elif self._owned(e.path):
+                            return True
+            except OSError:
+                continue
         return False
 
     def check(self, keys: Iterable[str]) -> dict[str, str]:

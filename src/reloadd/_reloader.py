@@ -329,6 +329,7 @@ class Reloader:
             logger=logging.getLogger("reloadd.source"),
             degraded=self._degraded,
             coverage=self._engine.coverage,
+            emit_all=self._engine.emit_all,
         )
 
     def _degraded(self, reason: str | None) -> None:

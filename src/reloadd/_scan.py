@@ -12,7 +12,7 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias
 
 from ._filters import under
 from ._types import Fingerprint
@@ -83,9 +83,8 @@ class Trust:
         return directory in self.dirs and os.fstat(fd).st_dev in self.devices
 
 
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """What a stat of a candidate path found.
+class Probe(NamedTuple):
+    """What a stat of a candidate path found (a named tuple: one is built per settled path).
 
     Attributes:
         fingerprint: Set when the path is a regular file (after following symlinks
@@ -138,7 +137,14 @@ def probe(path: Path | str, root: Path | str) -> Probe:
         return Probe(None)
     if not stat.S_ISREG(st.st_mode):
         return Probe(None, _NOT_REGULAR)
-    return Probe(Fingerprint.from_stat(st))
+    mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
+    fp = _fingerprint(Fingerprint, (st.st_ino, st.st_size, mtime, mtime if ctime == mtime else ctime))
+    return _probe_of(Probe, (fp, None))
+
+
+# Probe(Fingerprint(...)) in C: no Python-level __new__ of a named tuple on the settle path.
+_probe_of: Callable[[type[Probe], tuple[Fingerprint, None]], Probe] = tuple.__new__
+_fingerprint: Callable[[type[Fingerprint], tuple[int, int, int, int]], Fingerprint] = tuple.__new__
 
 
 def walk(top: Path, root: Path, *, recursive: bool = True) -> Iterator[tuple[Path, Probe]]:

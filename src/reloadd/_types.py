@@ -101,7 +101,7 @@ class Fingerprint(NamedTuple):
         """Build a fingerprint from an ``os.stat`` result."""
         mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
         # A file written and left alone has ctime == mtime: hold one int, not two equal ones (36 B a path).
-        return cls(st.st_ino, st.st_size, mtime, mtime if ctime == mtime else ctime)
+        return tuple.__new__(cls, (st.st_ino, st.st_size, mtime, mtime if ctime == mtime else ctime))
 
     def to_json(self) -> list[int]:
         """A compact JSON form, ``[ino, size, mtime_ns, ctime_ns]``."""

@@ -140,6 +140,9 @@ class SourceContext:
         degraded: Called by a source that lost its ability to watch (with the reason),
             so the engine can report rescan-only mode.
         coverage: Where a source that reports every change in a directory says so.
+        emit_all: Hand several events to the engine in one step (a source that reads many at
+            once, as inotify does: one queue entry and one wake-up, not one per event); by
+            default each goes through ``emit``.
     """
 
     roots: tuple[WatchRoot, ...]
@@ -148,6 +151,15 @@ class SourceContext:
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("reloadd.source"))
     degraded: Callable[[str | None], None] = lambda reason: None
     coverage: Coverage = field(default_factory=Coverage)
+    emit_all: Callable[[list[SourceEvent]], None] | None = None
+
+    def emit_many(self, events: list[SourceEvent]) -> None:
+        """Hand ``events`` to the engine, in order (one step when the engine takes lists)."""
+        if self.emit_all is not None:
+            self.emit_all(events)
+        else:
+            for ev in events:
+                self.emit(ev)
 
 
 class Source(Protocol):

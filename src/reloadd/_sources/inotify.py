@@ -376,12 +376,14 @@ class InotifySource:
 
     def _emit_run(self, run: dict[str, object], folded: dict[str, int] | None = None) -> None:
         """Emit the folded file events of ``run`` (in the order their paths first came) and empty both."""
-        emit, name = self.ctx.emit, self.name
+        name = self.name
+        out: list[SourceEvent] = []
         for path, kind in run.items():
             if isinstance(kind, _Created):
                 kind = EventKind.WRITING if _fresh_file(path) else kind.before or EventKind.TOUCHED
             assert isinstance(kind, EventKind)
-            emit(SourceEvent(kind, path, name, folded.get(path, 0) if folded else 0))
+            out.append(SourceEvent(kind, path, name, folded.get(path, 0) if folded else 0))
+        self.ctx.emit_many(out)
         run.clear()
         if folded:
             folded.clear()
