@@ -54,6 +54,7 @@ bench: deps kube containerd-releases install
 	$(BIN)/python -m bench.registry_mirrors --md build/bench/40-registry-mirrors.md
 	$(BIN)/python -m bench.drift --md build/bench/50-drift.md
 	$(BIN)/python -m bench.fleet --md build/bench/60-fleet.md
+	$(BIN)/python -m bench.daemon --md build/bench/70-daemon.md
 	$(BIN)/python -m bench.report docs/benchmarks.md docs/benchmarks-core.md build/bench/[0-9]*.md
 
 # Every test file that records reliability rows (grep -l 'reliability.record' tests) is listed here;

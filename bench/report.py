@@ -27,6 +27,7 @@ The machines are shared and noisy (2 cores), so every figure that compares reloa
 | registry-mirrors | `python -m bench.registry_mirrors` | — (save → hosts.toml latency) |
 | guarded state | `python -m bench.drift` | the same reloadd with `drift = "off"` (idle CPU) |
 | fleet | `python -m bench.fleet` | the bound: one Lease write per retry period for the leader, none from standbys |
+| daemon footprint | `python -m bench.daemon` | — (the targets of issue #26: RSS and CPU of the idle daemon) |
 """
 
 
