@@ -162,9 +162,13 @@ class ImageEvents:
         path = drifted(topic, name, labels, owners, pin=self.pin)
         if path is None:
             return
-        if self.busy(path):
-            self._stash[(name, namespace)] = (topic, path)  # judged once its import or pull answered
-            return
+        # The file busy with this image: its owner, or the file its source label names (a .txt pulling or
+        # relabelling an image a tarball imported, not recorded as an owner until its answer lands).
+        source = labels.get(SOURCE_LABEL)
+        for busy in (path, Path(source) if source else None):
+            if busy is not None and self.busy(busy):
+                self._stash[(name, namespace)] = (topic, busy)  # judged once its import or pull answered
+                return
         # Events arrive after the fact: reloadd's own import or pull may have created the image
         # unlabelled and labelled it since (a CRI pull does), or put a deleted one back. Only what
         # containerd holds now is drift.
