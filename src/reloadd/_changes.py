@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ._filters import PathFilter, under
 from ._item import Item
-from ._packed import digest_of, stat_of
+from ._packed import digest_of, pack_record, stat_of
 from ._prune import PruneGuard, RootId
 from ._scan import DigestCache, Found, Trust, local_devices, scan
 from ._types import Change, ChangeKind, Fingerprint, PathRecord
@@ -71,23 +71,13 @@ class Needed(enum.Enum):
 
 def needed(rec: PathRecord | None, fingerprint: Fingerprint | None, digest: str | None, *,
            forced: bool = False) -> Needed:
-    """The queue's de-duplication rule, shared with ``reloadd plan`` (pure)."""
-    if forced:
-        return Needed.YES
-    if fingerprint is None:
-        return Needed.YES if rec is not None else Needed.NO
-    if rec is None:
-        return Needed.YES
-    if rec.fingerprint == fingerprint:
-        return Needed.NO
-    if digest is not None and rec.digest == digest:
-        return Needed.SAME_CONTENT
-    return Needed.YES
+    """The queue's de-duplication rule, shared with ``reloadd plan`` (pure): :func:`needed_packed` of ``rec``."""
+    return needed_packed(None if rec is None else pack_record(rec), fingerprint, digest, forced=forced)
 
 
 def needed_packed(raw: bytes | None, fingerprint: Fingerprint | None, digest: str | None, *,
                   forced: bool = False) -> Needed:
-    """:func:`needed` of a packed record (:mod:`reloadd._packed`), read without unpacking it."""
+    """The queue's de-duplication rule, on a packed record (:mod:`reloadd._packed`), read without unpacking it."""
     if forced:
         return Needed.YES
     if raw is None:
@@ -101,14 +91,14 @@ def needed_packed(raw: bytes | None, fingerprint: Fingerprint | None, digest: st
     return Needed.YES
 
 
-def change_kind(rec: PathRecord | bool | None, fingerprint: Fingerprint | None) -> ChangeKind:
+def change_kind(rec: object | None, fingerprint: Fingerprint | None) -> ChangeKind:
     """What a needed hand-over is to the consumer: added, modified or deleted (pure).
 
-    ``rec`` is the path's record, or only whether it has one.
+    ``rec`` is the path's record (a ``PathRecord`` or packed), ``None`` when it has none.
     """
     if fingerprint is None:
         return ChangeKind.DELETED
-    return ChangeKind.MODIFIED if rec is not None and rec is not False else ChangeKind.ADDED
+    return ChangeKind.ADDED if rec is None else ChangeKind.MODIFIED
 
 
 CHANGED = "changed"

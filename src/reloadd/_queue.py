@@ -393,7 +393,7 @@ class WorkQueue:
         self._on_change()
 
     def _change_of(self, item: Item) -> Change:
-        kind = change_kind(item.key in self._packed, item.fingerprint)
+        kind = change_kind(self._packed.get(item.key), item.fingerprint)
         return Change(item.path, kind, item.fingerprint, item.digest, item.forced, item.root, item.confirmed)
 
     async def _run_batch(self, items: list[Item]) -> None:

@@ -137,14 +137,11 @@ def probe(path: Path | str, root: Path | str) -> Probe:
         return Probe(None)
     if not stat.S_ISREG(st.st_mode):
         return Probe(None, _NOT_REGULAR)
-    mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
-    fp = _fingerprint(Fingerprint, (st.st_ino, st.st_size, mtime, mtime if ctime == mtime else ctime))
-    return _probe_of(Probe, (fp, None))
+    return _probe_of(Probe, (Fingerprint.from_stat(st), None))
 
 
-# Probe(Fingerprint(...)) in C: no Python-level __new__ of a named tuple on the settle path.
+# Probe(...) in C: no Python-level __new__ of a named tuple on the settle path (Fingerprint.from_stat does the same).
 _probe_of: Callable[[type[Probe], tuple[Fingerprint, None]], Probe] = tuple.__new__
-_fingerprint: Callable[[type[Fingerprint], tuple[int, int, int, int]], Fingerprint] = tuple.__new__
 
 
 def walk(top: Path, root: Path, *, recursive: bool = True) -> Iterator[tuple[Path, Probe]]:

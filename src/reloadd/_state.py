@@ -37,7 +37,6 @@ from ._packed import (
     has_error,
     journal_json,
     pack_json,
-    pack_record,
     unpack,
 )
 from ._types import Fingerprint, JSONValue, PathRecord
@@ -143,8 +142,7 @@ class RecordStore(Mapping[Path, PathRecord]):
 
     def get(self, key: Path | str, default: Any = None) -> Any:
         """The record of ``key``, or ``default``."""
-        raw = self._records.get(os.fspath(key))
-        return default if raw is None else unpack(raw)
+        return self._view.get(os.fspath(key), default)
 
     def __iter__(self) -> Iterator[Path]:
         return (Path(k) for k in self._records)
@@ -168,11 +166,6 @@ class RecordStore(Mapping[Path, PathRecord]):
     def packed(self) -> Mapping[str, bytes]:
         """The live packed records keyed by path string (the engine's hot paths; never mutate it)."""
         return self._records
-
-    def error(self, key: str) -> str | None:
-        """The error of the record of ``key`` (``None``: no record, or no error), without unpacking the rest."""
-        raw = self._records.get(key)
-        return None if raw is None else error_of(raw)
 
     def rejected(self) -> int:
         """How many paths are held by a permanent error."""
@@ -280,7 +273,7 @@ class RecordStore(Mapping[Path, PathRecord]):
         Raises:
             TypeError, ValueError: the record's ``data`` is not JSON.
         """
-        self._set(os.fspath(path), pack_record(record))
+        self.set(os.fspath(path), record.fingerprint, record.digest, record.data, record.error)
 
     def set(self, key: str, fingerprint: Fingerprint | None, digest: str | None = None, data: JSONValue = None,
             error: str | None = None) -> None:
@@ -290,10 +283,6 @@ class RecordStore(Mapping[Path, PathRecord]):
         if self.directory is not None:
             self._buffer.append('{"p":' + _str(key) + ',"r":' + fields_json(fingerprint, digest, text, error) + "}")
 
-    def _set(self, key: str, raw: bytes) -> None:
-        self._records[key] = raw
-        if self.directory is not None:
-            self._buffer.append('{"p":' + _str(key) + ',"r":' + journal_json(raw) + "}")
 
     def drop(self, path: Path | str) -> None:
         """Forget ``path`` (buffered until :meth:`flush`)."""
