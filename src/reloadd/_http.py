@@ -23,10 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
-
 from ._errors import ConfigError
+from ._metrics import negotiate
 from ._snapshot import Pipeline
 from ._watch import WatchState
 
@@ -143,13 +141,13 @@ Handler = Callable[[str, dict[str, str]], Awaitable[Response]]
 """Answers a GET for a path, given the request headers (lower-case names)."""
 
 
-def endpoints(health: Health, registry: CollectorRegistry) -> Handler:
-    """The request handler serving /metrics, /healthz and /readyz."""
+def endpoints(health: Health, metrics: Callable[[bool], bytes]) -> Handler:
+    """The request handler serving /metrics (``metrics(openmetrics)``, as ``Accept`` asks), /healthz and /readyz."""
 
     async def handle(path: str, headers: dict[str, str]) -> Response:
         if path == "/metrics":
-            encoder, content_type = choose_encoder(headers.get("accept", ""))
-            return Response(200, encoder(registry), content_type)
+            openmetrics, content_type = negotiate(headers.get("accept", ""))
+            return Response(200, metrics(openmetrics), content_type)
         if path in ("/healthz", "/livez"):
             ok, doc = health.liveness()
             return Response.json(200 if ok else 503, doc)

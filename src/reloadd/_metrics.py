@@ -2,9 +2,11 @@
 
 Nothing is counted twice: the engine, the aggregator and each work queue already keep
 their counters (``EngineStats``, ``Aggregator.coalesced``, ``QueueStats``); the collector
-turns them into metric families at scrape time. Each reloader gets its own
-:class:`~prometheus_client.CollectorRegistry`, so two reloaders embedded in one process
-(or a host application with its own default registry) never clash.
+turns them into metric families at scrape time, and :func:`render` writes them in the
+Prometheus text format (0.0.4). The daemon does not import ``prometheus_client`` (~4 MiB on
+every node); :func:`build_registry` wraps the same families in a private
+:class:`~prometheus_client.CollectorRegistry` for an application that embeds a reloader and
+exports through its own ``prometheus_client`` stack (imported only then).
 
 Exported families (all prefixed ``reloadd_``):
 
@@ -39,26 +41,60 @@ consumer_stat                                  gauge    consumer, name (the plug
 from __future__ import annotations
 
 import importlib.metadata
+import math
+import os
 import platform
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
-
-from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
-    SummaryMetricFamily,
-)
-from prometheus_client.registry import Collector
+import resource
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ._snapshot import EngineCounters, Pipeline, Snapshot
 from ._watch import WatchState
 
 if TYPE_CHECKING:
-    from prometheus_client.metrics_core import Metric
+    from prometheus_client import CollectorRegistry
 
-__all__ = ["ReloaderCollector", "build_registry"]
+__all__ = [
+    "CONTENT_TYPE",
+    "OPENMETRICS_TYPE",
+    "Family",
+    "ReloaderCollector",
+    "build_registry",
+    "negotiate",
+    "process_families",
+    "render",
+]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""What :func:`render` writes by default."""
+OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+"""What :func:`render` writes with ``openmetrics=True``."""
+
+
+@dataclass
+class Family:
+    """One metric family: its samples are ``(label values, value)``.
+
+    ``kind`` is ``counter`` (exported as ``<name>_total``), ``gauge``, ``info`` (exported as
+    ``<name>_info``, value 1, the labels being the information) or ``summary`` (``<name>_count`` and
+    ``<name>_sum``, given as two samples labelled ``("count",)`` and ``("sum",)``).
+    """
+
+    name: str
+    kind: str
+    doc: str
+    labels: Sequence[str] = ()
+    samples: list[tuple[Sequence[str], float]] = field(default_factory=list)
+
+    def add(self, values: Sequence[str], value: float) -> Family:
+        """Add one sample; returns the family."""
+        self.samples.append((values, value))
+        return self
+
+
+def _counter(name: str, doc: str, value: float) -> Family:
+    return Family(name, "counter", doc).add((), value)
 
 
 def _version() -> str:
@@ -68,8 +104,8 @@ def _version() -> str:
         return "unknown"
 
 
-class ReloaderCollector(Collector):
-    """A collector that reads a pipeline's snapshot at scrape time.
+class ReloaderCollector:
+    """Reads a pipeline's snapshot at scrape time into :class:`Family` objects.
 
     Args:
         pipeline: The pipeline (a :class:`~reloadd.Reloader`; before it started only build info,
@@ -79,22 +115,21 @@ class ReloaderCollector(Collector):
 
     def __init__(self, pipeline: Pipeline, *, loop_lag: Callable[[], float | None] | None = None) -> None:
         self.pipeline = pipeline
-        self._loop_lag = loop_lag
+        self.loop_lag = loop_lag
         self._version = _version()
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         """Yield every family (called by the registry on each scrape)."""
-        info = InfoMetricFamily("reloadd_build", "reloadd build information.")
-        info.add_metric([], {"version": self._version, "python": platform.python_version()})
-        yield info
+        yield Family("reloadd_build", "info", "reloadd build information.", ("version", "python")).add(
+            (self._version, platform.python_version()), 1)
         snap = self.pipeline.snapshot()
         state = snap.watch.state
         yield _gauge("reloadd_ready", "1 while ready (as /readyz answers).", float(snap.ready))
         yield _gauge("reloadd_watch_armed", "1 while every inotify watch is armed.", float(state is WatchState.ARMED))
         yield _gauge("reloadd_watch_degraded", "1 while watching by periodic rescans only.",
                      float(state is WatchState.DEGRADED))
-        if self._loop_lag is not None:
-            lag = self._loop_lag()
+        if self.loop_lag is not None:
+            lag = self.loop_lag()
             if lag is not None:
                 yield _gauge("reloadd_event_loop_lag_seconds", "Last measured event loop lag.", lag)
         if snap.engine is None:
@@ -103,96 +138,174 @@ class ReloaderCollector(Collector):
         yield from self._engine_families(snap.engine)
         yield from self._consumer_families(snap)
 
-    def _engine_families(self, st: EngineCounters) -> Iterator[Metric]:
-        events = CounterMetricFamily("reloadd_events", "Source events received.", labels=["source", "kind"])
+    def _engine_families(self, st: EngineCounters) -> Iterator[Family]:
+        events = Family("reloadd_events", "counter", "Source events received.", ("source", "kind"))
         for (source, kind), n in sorted(st.events.items()):
-            events.add_metric([source, kind], n)
+            events.add((source, kind), n)
         yield events
-        yield CounterMetricFamily("reloadd_changes_coalesced",
-                                  "Events folded into a path already waiting to settle.", value=st.coalesced)
-        yield CounterMetricFamily("reloadd_changes_handed_over",
-                                  "Settled paths put on a consumer's queue.", value=st.handed_over)
-        yield CounterMetricFamily("reloadd_overflows", "inotify queue overflows (each forces a rescan).",
-                                  value=st.overflows)
-        yield CounterMetricFamily("reloadd_resyncs", "Forced resyncs (SIGHUP, reloadd reload).",
-                                  value=st.resyncs)
-        yield SummaryMetricFamily("reloadd_rescan_duration_seconds", "Rescans (stat walks) of every root.",
-                                  count_value=st.rescans, sum_value=st.rescan_seconds)
-        yield CounterMetricFamily("reloadd_rescans_covered",
-                                  "Periodic rescans that listed the directories live watches cover, "
-                                  "without a stat per file (see full_rescan_interval).", value=st.covered_rescans)
+        yield _counter("reloadd_changes_coalesced", "Events folded into a path already waiting to settle.",
+                       st.coalesced)
+        yield _counter("reloadd_changes_handed_over", "Settled paths put on a consumer's queue.", st.handed_over)
+        yield _counter("reloadd_overflows", "inotify queue overflows (each forces a rescan).", st.overflows)
+        yield _counter("reloadd_resyncs", "Forced resyncs (SIGHUP, reloadd reload).", st.resyncs)
+        yield Family("reloadd_rescan_duration_seconds", "summary", "Rescans (stat walks) of every root.").add(
+            ("count",), st.rescans).add(("sum",), st.rescan_seconds)
+        yield _counter("reloadd_rescans_covered",
+                       "Periodic rescans that listed the directories live watches cover, "
+                       "without a stat per file (see full_rescan_interval).", st.covered_rescans)
 
-    def _consumer_families(self, snap: Snapshot) -> Iterator[Metric]:
-        lab = ["consumer"]
-        fam: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-            "info": GaugeMetricFamily("reloadd_consumer_info", "Configured consumers.",
-                                      labels=["consumer", "plugin"]),
-            "batches": CounterMetricFamily("reloadd_consumer_batches", "Batches handed to the consumer.",
-                                           labels=lab),
-            "results": CounterMetricFamily("reloadd_consumer_results", "Per-path results by outcome.",
-                                           labels=["consumer", "outcome"]),
-            "unchanged": CounterMetricFamily(
-                "reloadd_consumer_changes_unchanged", "Changes dropped because the content was unchanged.",
-                labels=lab),
-            "depth": GaugeMetricFamily("reloadd_consumer_queue_depth",
-                                       "Paths waiting, including those in retry backoff.", labels=lab),
-            "inflight": GaugeMetricFamily("reloadd_consumer_in_flight", "Paths being handled.", labels=lab),
-            "failing": GaugeMetricFamily("reloadd_consumer_failing_paths",
-                                         "Paths waiting for a retry after a transient failure.", labels=lab),
-            "rejected": GaugeMetricFamily("reloadd_consumer_rejected_paths",
-                                          "Paths whose last result was a permanent failure.", labels=lab),
-            "age": GaugeMetricFamily("reloadd_consumer_oldest_pending_age_seconds",
-                                     "Seconds the oldest waiting path has waited.", labels=lab),
-            "last": GaugeMetricFamily("reloadd_consumer_last_success_timestamp_seconds",
-                                      "Unix time of the last acknowledged path (0: never).", labels=lab),
-            "stat": GaugeMetricFamily("reloadd_consumer_stat", "Plugin-specific counters and gauges.",
-                                      labels=["consumer", "name"]),
-            "prune": GaugeMetricFamily(
-                "reloadd_prune_held", "What held removals would remove (prune safety): objects, images or "
+    def _consumer_families(self, snap: Snapshot) -> Iterator[Family]:
+        lab = ("consumer",)
+        gauge, counter = "gauge", "counter"
+        fam: dict[str, Family] = {
+            "info": Family("reloadd_consumer_info", gauge, "Configured consumers.", ("consumer", "plugin")),
+            "batches": Family("reloadd_consumer_batches", counter, "Batches handed to the consumer.", lab),
+            "results": Family("reloadd_consumer_results", counter, "Per-path results by outcome.",
+                              ("consumer", "outcome")),
+            "unchanged": Family("reloadd_consumer_changes_unchanged", counter,
+                                "Changes dropped because the content was unchanged.", lab),
+            "depth": Family("reloadd_consumer_queue_depth", gauge,
+                            "Paths waiting, including those in retry backoff.", lab),
+            "inflight": Family("reloadd_consumer_in_flight", gauge, "Paths being handled.", lab),
+            "failing": Family("reloadd_consumer_failing_paths", gauge,
+                              "Paths waiting for a retry after a transient failure.", lab),
+            "rejected": Family("reloadd_consumer_rejected_paths", gauge,
+                               "Paths whose last result was a permanent failure.", lab),
+            "age": Family("reloadd_consumer_oldest_pending_age_seconds", gauge,
+                          "Seconds the oldest waiting path has waited.", lab),
+            "last": Family("reloadd_consumer_last_success_timestamp_seconds", gauge,
+                           "Unix time of the last acknowledged path (0: never).", lab),
+            "stat": Family("reloadd_consumer_stat", gauge, "Plugin-specific counters and gauges.",
+                           ("consumer", "name")),
+            "prune": Family(
+                "reloadd_prune_held", gauge, "What held removals would remove (prune safety): objects, images or "
                 "files, as the consumer counts them; run `reloadd reload --confirm-prune` or bring the input back.",
-                labels=lab),
-            "prune_paths": GaugeMetricFamily("reloadd_prune_held_paths", "Paths whose removal is held.", labels=lab),
-            "leader": GaugeMetricFamily(
-                "reloadd_leader", "1 while the consumer may act: it holds its Lease (leader_elect) or needs none; "
-                "0 while it stands by.",
-                labels=lab),
-            "drift": CounterMetricFamily(
-                "reloadd_drift", "Drift events the consumer's far-side sources saw (images removed, objects "
-                "edited, hosts.toml rewritten), per kind.", labels=["consumer", "kind"]),
-            "drifted": GaugeMetricFamily(
-                "reloadd_drifted_paths", "Files whose declared state has drifted and is not restored "
-                "(detect mode, or a fight being backed off).", labels=lab),
-            "held": GaugeMetricFamily(
-                "reloadd_consumer_held_paths", "Paths settling for longer than max_delay (open for writing, still "
-                "growing): nothing waits for them any more; handed over at max_hold.", labels=lab),
+                lab),
+            "prune_paths": Family("reloadd_prune_held_paths", gauge, "Paths whose removal is held.", lab),
+            "leader": Family(
+                "reloadd_leader", gauge, "1 while the consumer may act: it holds its Lease (leader_elect) or needs "
+                "none; 0 while it stands by.", lab),
+            "drift": Family(
+                "reloadd_drift", counter, "Drift events the consumer's far-side sources saw (images removed, "
+                "objects edited, hosts.toml rewritten), per kind.", ("consumer", "kind")),
+            "drifted": Family(
+                "reloadd_drifted_paths", gauge, "Files whose declared state has drifted and is not restored "
+                "(detect mode, or a fight being backed off).", lab),
+            "held": Family(
+                "reloadd_consumer_held_paths", gauge, "Paths settling for longer than max_delay (open for writing, "
+                "still growing): nothing waits for them any more; handed over at max_hold.", lab),
         }
         for c in sorted(snap.consumers, key=lambda c: c.name):
             name = c.name
-            fam["info"].add_metric([name, c.plugin], 1)
-            fam["batches"].add_metric([name], c.batches)
+            fam["info"].add((name, c.plugin), 1)
+            fam["batches"].add((name,), c.batches)
             for outcome, n in (("success", c.acked), ("retry", c.retried), ("failure", c.rejected_total)):
-                fam["results"].add_metric([name, outcome], n)
-            fam["unchanged"].add_metric([name], c.dropped_unchanged)
-            fam["depth"].add_metric([name], c.pending)
-            fam["inflight"].add_metric([name], c.in_flight)
-            fam["failing"].add_metric([name], c.failing)
-            fam["rejected"].add_metric([name], c.rejected)
-            fam["age"].add_metric([name], c.oldest_pending_age)
-            fam["last"].add_metric([name], c.last_success or 0.0)
-            fam["prune"].add_metric([name], c.prune_held)
-            fam["prune_paths"].add_metric([name], c.prune_held_paths)
-            fam["held"].add_metric([name], c.held_paths)
-            fam["drifted"].add_metric([name], c.drifted)
-            fam["leader"].add_metric([name], c.stats.get("leader", 1.0))
+                fam["results"].add((name, outcome), n)
+            fam["unchanged"].add((name,), c.dropped_unchanged)
+            fam["depth"].add((name,), c.pending)
+            fam["inflight"].add((name,), c.in_flight)
+            fam["failing"].add((name,), c.failing)
+            fam["rejected"].add((name,), c.rejected)
+            fam["age"].add((name,), c.oldest_pending_age)
+            fam["last"].add((name,), c.last_success or 0.0)
+            fam["prune"].add((name,), c.prune_held)
+            fam["prune_paths"].add((name,), c.prune_held_paths)
+            fam["held"].add((name,), c.held_paths)
+            fam["drifted"].add((name,), c.drifted)
+            fam["leader"].add((name,), c.stats.get("leader", 1.0))
             for kind, n in sorted(c.drift_total.items()):
-                fam["drift"].add_metric([name, kind], n)
+                fam["drift"].add((name, kind), n)
             for key, value in sorted(c.stats.items()):
-                fam["stat"].add_metric([name, key], value)
+                fam["stat"].add((name, key), value)
         yield from fam.values()
 
 
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, value=value)
+def _gauge(name: str, doc: str, value: float) -> Family:
+    return Family(name, "gauge", doc).add((), value)
+
+
+def _boot_time() -> float:
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def process_families() -> Iterator[Family]:
+    """``process_*`` of this process (CPU, memory, start time, descriptors), read from ``/proc``."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        page = os.sysconf("SC_PAGE_SIZE")
+        fds = len(os.listdir("/proc/self/fd"))
+        start = _boot_time() + int(fields[19]) / ticks
+    except (OSError, ValueError, IndexError):
+        return  # not Linux, or /proc not mounted: no process metrics
+    times = os.times()
+    yield _counter("process_cpu_seconds", "Total user and system CPU time spent in seconds.", times.user + times.system)
+    yield _gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", float(fields[20]))
+    yield _gauge("process_resident_memory_bytes", "Resident memory size in bytes.", float(int(fields[21]) * page))
+    yield _gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", start)
+    yield _gauge("process_open_fds", "Number of open file descriptors.", float(fds))
+    yield _gauge("process_max_fds", "Maximum number of open file descriptors.",
+                 float(resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(names: Sequence[str], values: Sequence[str]) -> str:
+    if not names:
+        return ""
+    return "{" + ",".join(f'{n}="{_label_value(str(v))}"' for n, v in zip(names, values, strict=True)) + "}"
+
+
+def render(families: Iterable[Family], *, openmetrics: bool = False) -> bytes:
+    """``families`` in the Prometheus text format 0.0.4 (:data:`CONTENT_TYPE`), or in OpenMetrics 1.0
+    (:data:`OPENMETRICS_TYPE`: counters and info named without their suffix in ``# TYPE``, ``# EOF`` last)."""
+    out: list[str] = []
+    for fam in families:
+        sample = fam.name
+        if fam.kind == "counter":
+            sample = fam.name.removesuffix("_total") + "_total"
+        elif fam.kind == "info":
+            sample = fam.name + "_info"
+        if openmetrics:
+            name, kind = sample.removesuffix("_total") if fam.kind == "counter" else fam.name, fam.kind
+        else:
+            name, kind = sample, "gauge" if fam.kind == "info" else fam.kind
+        doc = fam.doc.replace("\\", "\\\\").replace("\n", "\\n")
+        if openmetrics:
+            doc = doc.replace('"', '\\"')
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
+        for values, value in fam.samples:
+            if fam.kind == "summary":
+                out.append(f"{fam.name}_{values[0]} {_number(value)}\n")
+            elif fam.kind == "info":
+                out.append(f"{sample}{_labels(fam.labels, values)} 1.0\n")
+            else:
+                out.append(f"{sample}{_labels(fam.labels, values)} {_number(value)}\n")
+    if openmetrics:
+        out.append("# EOF\n")
+    return "".join(out).encode()
+
+
+def negotiate(accept: str) -> tuple[bool, str]:
+    """``(openmetrics, content type)`` for a request's ``Accept`` header."""
+    if any(part.split(";")[0].strip() == "application/openmetrics-text" for part in accept.split(",")):
+        return True, OPENMETRICS_TYPE
+    return False, CONTENT_TYPE
 
 
 def build_registry(
@@ -201,16 +314,51 @@ def build_registry(
     loop_lag: Callable[[], float | None] | None = None,
     process: bool = True,
 ) -> CollectorRegistry:
-    """A private registry holding a :class:`ReloaderCollector` (and process metrics).
+    """A private ``prometheus_client`` registry exporting the same families as ``/metrics``.
+
+    For an application that embeds a reloader and exports metrics through its own
+    ``prometheus_client`` stack; ``prometheus_client`` is imported here, not by the daemon.
 
     Args:
         pipeline: The pipeline to export (a :class:`~reloadd.Reloader`).
         loop_lag: Returns the last measured event loop lag (seconds).
         process: Also export ``process_*`` (CPU, memory, open fds) of this process.
     """
+    from prometheus_client import CollectorRegistry, ProcessCollector
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        InfoMetricFamily,
+        SummaryMetricFamily,
+    )
+
+    collector = ReloaderCollector(pipeline, loop_lag=loop_lag)
+
+    def convert(fam: Family) -> Any:
+        names = list(fam.labels)
+        if fam.kind == "summary":
+            values = dict((v[0], x) for v, x in fam.samples)
+            return SummaryMetricFamily(fam.name, fam.doc, count_value=int(values.get("count", 0)),
+                                       sum_value=values.get("sum", 0.0))
+        if fam.kind == "info":
+            info = InfoMetricFamily(fam.name, fam.doc)
+            for v, _ in fam.samples:
+                info.add_metric([], dict(zip(names, v, strict=True)))
+            return info
+        cls = CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily
+        if not names:
+            return cls(fam.name, fam.doc, value=fam.samples[0][1] if fam.samples else 0.0)
+        out = cls(fam.name, fam.doc, labels=names)
+        for v, x in fam.samples:
+            out.add_metric(list(v), x)
+        return out
+
+    class _Adapter:
+        def collect(self) -> Iterator[Any]:
+            return (convert(f) for f in collector.collect())
+
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ReloaderCollector(pipeline, loop_lag=loop_lag))
+    registry.register(_Adapter())
     if process:
         ProcessCollector(registry=registry)
     return registry
-

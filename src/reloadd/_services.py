@@ -30,21 +30,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry
-
 from ._control import ControlServer
 from ._http import Health, LoopMonitor, endpoints
-from ._metrics import build_registry
+from ._metrics import ReloaderCollector, build_registry, process_families, render
 from ._sdnotify import Notifier, watchdog_interval
 from ._snapshot import Pipeline
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from ._webserver import HttpServer
 
 __all__ = ["Services", "services"]
@@ -59,7 +60,7 @@ class Services:
     """What :func:`services` started.
 
     Attributes:
-        registry: The reloader's private metrics registry.
+        collector: The reloader's metric families, read at scrape time.
         health: Liveness and readiness, as served on /healthz and /readyz.
         http_address: ``(host, port)`` actually bound for HTTP, or ``None``.
         http: The HTTP listener (its connection counters), or ``None``.
@@ -67,12 +68,26 @@ class Services:
         notifier: The systemd notifier (``enabled`` false outside systemd).
     """
 
-    registry: CollectorRegistry
+    collector: ReloaderCollector
     health: Health
     http_address: tuple[str, int] | None = None
     http: HttpServer | None = None
     control_socket: Path | None = None
     notifier: Notifier = field(default_factory=Notifier)
+    _registry: CollectorRegistry | None = field(default=None, repr=False)
+
+    def metrics(self, openmetrics: bool = False) -> bytes:
+        """What ``/metrics`` answers: the reloader's families and ``process_*``, in the text format
+        (OpenMetrics when asked)."""
+        return render(itertools.chain(self.collector.collect(), process_families()), openmetrics=openmetrics)
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """A private ``prometheus_client`` registry of the same families, for an embedding application's own
+        exporter (built on first use: the daemon never imports ``prometheus_client``)."""
+        if self._registry is None:
+            self._registry = build_registry(self.collector.pipeline, loop_lag=self.collector.loop_lag)
+        return self._registry
 
     @property
     def metrics_url(self) -> str | None:
@@ -158,16 +173,16 @@ async def services(reloader: Pipeline, *, notify_socket: str | None = None) -> A
     cfg = reloader.config
     monitor = LoopMonitor()
     health = Health(reloader, monitor)
-    registry = build_registry(reloader, loop_lag=monitor.value)
-    svc = Services(registry=registry, health=health, notifier=Notifier(notify_socket))
+    collector = ReloaderCollector(reloader, loop_lag=monitor.value)
+    svc = Services(collector=collector, health=health, notifier=Notifier(notify_socket))
     tasks: list[asyncio.Task[Any]] = [asyncio.create_task(monitor.run(), name="reloadd-loop-monitor")]
     http: HttpServer | None = None
     control: ControlServer | None = None
     try:
         if cfg.metrics_listen:
-            from ._webserver import start_http  # aiohttp (~25 MiB) only when HTTP is served
+            from ._webserver import start_http
 
-            http = await start_http(cfg.metrics_listen, endpoints(health, registry))
+            http = await start_http(cfg.metrics_listen, endpoints(health, svc.metrics))
             svc.http_address = http.address
             svc.http = http
         if cfg.control_socket:

@@ -1,4 +1,4 @@
-"""The HTTP listener for ``/metrics``, ``/healthz`` and ``/readyz``: aiohttp, with hard limits.
+"""The HTTP listener for ``/metrics``, ``/healthz`` and ``/readyz``: asyncio streams, with hard limits.
 
 ``metrics_listen`` is reachable by every local user (and by the network when it names
 one), so nothing a client does may cost the daemon more than a bounded share of its
@@ -28,18 +28,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http
 import logging
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
-
-from aiohttp import HttpVersion10, HttpVersion11, web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
+from urllib.parse import unquote
 
 from ._errors import ReloaddError
-from ._http import Handler, parse_listen
+from ._http import Handler, Response, parse_listen
 
 __all__ = [
     "CONNECTION_TIMEOUT",
@@ -66,22 +64,9 @@ MAX_HEADERS = 32
 _BACKLOG = 64  # also how many connections asyncio accepts per loop iteration
 _REFUSAL = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 _WARN_EVERY = 60.0
-_HEADERS = {"Cache-Control": "no-store", "Server": "reloadd"}
-
-
-class _MalformedRequests(logging.Filter):
-    """Drop aiohttp's tracebacks for malformed requests (answered 400 by aiohttp).
-
-    They are the client's fault, and any local user could fill the journal with them.
-    Errors in reloadd's own handlers (500) still get logged.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], HttpProcessingError))
-
-
-_request_log = logging.getLogger("reloadd.http.requests")
-_request_log.addFilter(_MalformedRequests())
+_VERSION = re.compile(rb"HTTP/(\d)\.(\d)")
+_KNOWN_VERSIONS = {(0, 9), (1, 0), (1, 1), (2, 0), (3, 0)}
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 
 class _Refuse(asyncio.Protocol):
@@ -97,12 +82,145 @@ class _Refuse(asyncio.Protocol):
             transport.close()
 
 
+class _BadRequest(Exception):
+    def __init__(self, status: int, text: str, **headers: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+        self.headers = headers
+
+
 @dataclass
-class _Conn:
-    created: float
-    served: bool = False
-    transport: asyncio.Transport | None = None
-    timer: asyncio.TimerHandle | None = None
+class _Head:
+    method: str
+    target: str
+    version: tuple[int, int]
+    headers: dict[str, str]
+
+
+def _parse_head(raw: bytes) -> _Head:
+    """The request line and header fields of ``raw`` (the head without its blank line), checked."""
+    lines = raw.split(b"\n")
+    lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[0] or not parts[1]:
+        raise _BadRequest(400, "malformed request line\n")
+    method, target, version = parts
+    match = _VERSION.fullmatch(version)
+    if match is None or (int(match[1]), int(match[2])) not in _KNOWN_VERSIONS:
+        raise _BadRequest(400, "malformed HTTP version\n")
+    ver = (int(match[1]), int(match[2]))
+    if ver not in ((1, 0), (1, 1)):
+        raise _BadRequest(505, "only HTTP/1.0 and HTTP/1.1\n")
+    if len(lines) - 1 > MAX_HEADERS:
+        raise _BadRequest(400, f"more than {MAX_HEADERS} header fields\n")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or _TOKEN.fullmatch(name) is None:
+            raise _BadRequest(400, "malformed header field\n")
+        key = name.decode("ascii").lower()
+        text = value.strip(b" \t").decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    if not target.startswith(b"/"):
+        raise _BadRequest(400, "the request target must be a path such as /metrics\n")
+    if method not in (b"GET", b"HEAD"):
+        raise _BadRequest(405, "only GET and HEAD\n", Allow="GET, HEAD")
+    if "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("0", ""):
+        raise _BadRequest(413, "request bodies are not accepted\n")
+    return _Head(method.decode("ascii"), target.decode("latin-1"), ver, headers)
+
+
+def _encode(status: int, body: bytes, content_type: str, head_only: bool, **extra: str) -> bytes:
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Unknown"
+    fields = {"Content-Type": content_type, "Content-Length": str(len(body)), "Cache-Control": "no-store",
+              "Server": "reloadd", "Connection": "close", **extra}
+    head = f"HTTP/1.1 {status} {phrase}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items()) + "\r\n"
+    return head.encode("latin-1") + (b"" if head_only else body)
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: reads a request head within the limits, answers it, closes."""
+
+    def __init__(self, server: _Server) -> None:
+        self.server = server
+        self.created = time.monotonic()
+        self.served = False
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._buf = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, self._deadline)
+
+    def data_received(self, data: bytes) -> None:
+        if self.served:
+            return  # a body or a pipelined request: never read (answered 413, or one request per connection)
+        self._buf += data
+        end = self._buf.find(b"\r\n\r\n")
+        if end < 0:
+            end = self._buf.find(b"\n\n")
+        head = bytes(self._buf if end < 0 else self._buf[:end])
+        if any(len(line) > MAX_LINE + 1 for line in head.split(b"\n")):
+            self._answer_bad(_BadRequest(400, f"a request line or header field over {MAX_LINE} bytes\n"))
+            return
+        if head.count(b"\n") > MAX_HEADERS + 1:
+            self._answer_bad(_BadRequest(400, f"more than {MAX_HEADERS} header fields\n"))
+            return
+        if end < 0:
+            return
+        self.served = True
+        self._buf = bytearray()
+        try:
+            parsed = _parse_head(head)
+        except _BadRequest as exc:
+            self._answer_bad(exc)
+            return
+        self.task = asyncio.get_running_loop().create_task(self._respond(parsed))
+
+    def _answer_bad(self, exc: _BadRequest) -> None:
+        self.served = True
+        self._buf = bytearray()
+        self._send(_encode(exc.status, exc.text.encode(), "text/plain; charset=utf-8", False, **exc.headers))
+
+    async def _respond(self, head: _Head) -> None:
+        path = unquote(head.target.partition("?")[0])
+        try:
+            r = await self.server.handler(path, head.headers)
+        except Exception:
+            log.exception("The HTTP handler failed on %s", path)
+            r = Response(500, b"internal error\n")
+        self._send(_encode(r.status, r.body, r.content_type, head.method == "HEAD"))
+
+    def _send(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(data)
+        transport.close()  # flushes what is buffered, then closes; CONNECTION_TIMEOUT aborts a peer not reading
+
+    def _deadline(self) -> None:
+        transport = self.transport
+        if transport is None or (transport.is_closing() and not transport.get_write_buffer_size()):
+            return
+        if self.served and time.monotonic() - self.created < CONNECTION_TIMEOUT:
+            self.timer = asyncio.get_running_loop().call_later(CONNECTION_TIMEOUT - HEAD_TIMEOUT, self._deadline)
+            return
+        self.server.stats.timed_out += 1
+        transport.abort()  # connection_lost follows and frees the slot
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        self.server.live.discard(self)
 
 
 @dataclass
@@ -113,15 +231,15 @@ class _Stats:
     last_warning: float = field(default=-_WARN_EVERY)
 
 
-class _BoundedServer(web.Server):
-    """aiohttp's low-level server with a connection cap and per-connection deadlines."""
+class _Server:
+    """The protocol factory: a connection cap, eviction of idle connections, and per-connection deadlines."""
 
-    def __init__(self, handler: Any, **kwargs: Any) -> None:
-        super().__init__(handler, **kwargs)
-        self.live: dict[RequestHandler, _Conn] = {}
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.live: set[_Connection] = set()
         self.stats = _Stats()
 
-    def __call__(self) -> Any:  # RequestHandler, or _Refuse over the cap
+    def __call__(self) -> asyncio.Protocol:
         self._forget_stale()
         if len(self.live) >= MAX_CONNECTIONS:
             self._evict_idle()
@@ -129,9 +247,9 @@ class _BoundedServer(web.Server):
             self.stats.refused += 1
             self._warn()
             return _Refuse()
-        handler = super().__call__()
-        self.live[handler] = _Conn(created=time.monotonic())
-        return handler
+        conn = _Connection(self)
+        self.live.add(conn)
+        return conn
 
     def _warn(self) -> None:
         now = time.monotonic()
@@ -144,19 +262,18 @@ class _BoundedServer(web.Server):
         # A protocol whose transport never got made (accept failed half-way) never sees
         # connection_lost; without this it would hold a slot for good.
         limit = time.monotonic() - CONNECTION_TIMEOUT - HEAD_TIMEOUT
-        for handler, conn in list(self.live.items()):
-            if conn.timer is None and conn.created < limit:
-                del self.live[handler]
+        for conn in [c for c in self.live if c.transport is None and c.created < limit]:
+            self.live.discard(conn)
 
     def _evict_idle(self) -> None:
         # The oldest connection that has not sent a request yet makes room for the new
         # one: a fresh probe gets in at once even while idle connections fill every
         # slot, and a request being answered is never cut off.
-        idle = [(c.created, h) for h, c in self.live.items() if not c.served and c.transport is not None]
+        idle = [c for c in self.live if not c.served and c.transport is not None]
         if not idle:
             return
-        _, handler = min(idle, key=lambda item: item[0])
-        conn = self.live.pop(handler)
+        conn = min(idle, key=lambda c: c.created)
+        self.live.discard(conn)
         if conn.timer is not None:
             conn.timer.cancel()
         assert conn.transport is not None
@@ -164,42 +281,13 @@ class _BoundedServer(web.Server):
         self.stats.evicted += 1
         self._warn()
 
-    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
-        super().connection_made(handler, transport)
-        conn = self.live.setdefault(handler, _Conn(created=time.monotonic()))
-        conn.transport = transport
-        conn.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, self._deadline, handler, transport)
-
-    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
-        super().connection_lost(handler, exc)
-        conn = self.live.pop(handler, None)
-        if conn is not None and conn.timer is not None:
-            conn.timer.cancel()
-
-    def mark_served(self, handler: RequestHandler) -> None:
-        """A complete request head arrived on ``handler``'s connection."""
-        conn = self.live.get(handler)
-        if conn is not None:
-            conn.served = True
-
-    def _deadline(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
-        conn = self.live.get(handler)
-        if conn is None or transport.is_closing():
-            return
-        if conn.served and time.monotonic() - conn.created < CONNECTION_TIMEOUT:
-            conn.timer = asyncio.get_running_loop().call_later(
-                CONNECTION_TIMEOUT - HEAD_TIMEOUT, self._deadline, handler, transport)
-            return
-        self.stats.timed_out += 1
-        transport.abort()  # connection_lost follows and frees the slot
-
 
 class HttpServer:
     """A running HTTP listener, as returned by :func:`start_http`."""
 
-    def __init__(self, server: asyncio.Server, web_server: _BoundedServer) -> None:
+    def __init__(self, server: asyncio.Server, factory: _Server) -> None:
         self._server = server
-        self._web = web_server
+        self._factory = factory
 
     @property
     def address(self) -> tuple[str, int]:
@@ -210,59 +298,36 @@ class HttpServer:
     @property
     def open_connections(self) -> int:
         """Connections currently open (at most :data:`MAX_CONNECTIONS`)."""
-        return len(self._web.live)
+        return len(self._factory.live)
 
     @property
     def refused(self) -> int:
         """Connections refused because :data:`MAX_CONNECTIONS` were open."""
-        return self._web.stats.refused
+        return self._factory.stats.refused
 
     @property
     def evicted(self) -> int:
         """Idle connections dropped to make room for a new one at :data:`MAX_CONNECTIONS`."""
-        return self._web.stats.evicted
+        return self._factory.stats.evicted
 
     @property
     def timed_out(self) -> int:
         """Connections aborted by :data:`HEAD_TIMEOUT` or :data:`CONNECTION_TIMEOUT`."""
-        return self._web.stats.timed_out
+        return self._factory.stats.timed_out
 
     async def close(self) -> None:
         """Stop listening and close every connection (in-flight requests get 1 s)."""
         self._server.close()
-        await self._web.shutdown(1.0)
-        for conn in list(self._web.live.values()):
+        tasks = [c.task for c in self._factory.live if c.task is not None and not c.task.done()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        for conn in list(self._factory.live):
             if conn.transport is not None:
                 conn.transport.abort()
+            if conn.task is not None:
+                conn.task.cancel()
+        self._factory.live.clear()
         await self._server.wait_closed()
-
-
-def _plain(status: int, text: str, **headers: str) -> web.Response:
-    resp = web.Response(status=status, text=text, headers={**_HEADERS, **headers})
-    resp.force_close()
-    return resp
-
-
-def _adapt(handler: Handler, server: list[_BoundedServer]) -> Any:
-    """The aiohttp request handler: checks the request, then asks ``handler``."""
-
-    async def handle(request: web.BaseRequest) -> web.StreamResponse:
-        server[0].mark_served(request.protocol)
-        if request.version not in (HttpVersion10, HttpVersion11):
-            return _plain(505, "only HTTP/1.0 and HTTP/1.1\n")
-        if not request.raw_path.startswith("/"):
-            return _plain(400, "the request target must be a path such as /metrics\n")
-        if request.method not in ("GET", "HEAD"):
-            return _plain(405, "only GET and HEAD\n", Allow="GET, HEAD")
-        if request.body_exists:
-            return _plain(413, "request bodies are not accepted\n")
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        r = await handler(request.path, headers)
-        resp = web.Response(status=r.status, body=r.body, headers={**_HEADERS, "Content-Type": r.content_type})
-        resp.force_close()
-        return resp
-
-    return handle
 
 
 async def start_http(listen: str, handler: Handler) -> HttpServer:
@@ -273,27 +338,15 @@ async def start_http(listen: str, handler: Handler) -> HttpServer:
         ReloaddError: the address cannot be bound (in use, not local).
     """
     host, port = parse_listen(listen)
-    holder: list[_BoundedServer] = []
-    web_server = _BoundedServer(
-        _adapt(handler, holder),
-        handler_cancellation=True,
-        keepalive_timeout=HEAD_TIMEOUT,
-        lingering_time=0,
-        max_line_size=MAX_LINE,
-        max_field_size=MAX_LINE,
-        max_headers=MAX_HEADERS,
-        access_log=None,
-        logger=_request_log,
-    )
-    holder.append(web_server)
+    factory = _Server(handler)
     loop = asyncio.get_running_loop()
     try:
-        server = await loop.create_server(web_server, host, port, reuse_address=True, backlog=_BACKLOG)
+        server = await loop.create_server(factory, host, port, reuse_address=True, backlog=_BACKLOG)
     except OSError as exc:
         raise ReloaddError(f"Failed to listen on {listen} (metrics_listen): {exc.strerror or exc}") from exc
     for addr in _addresses(server):
         log.info("Serving /metrics, /healthz and /readyz on http://%s:%d", *addr)
-    return HttpServer(server, web_server)
+    return HttpServer(server, factory)
 
 
 def _addresses(server: asyncio.Server) -> Iterator[tuple[str, int]]:

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from reloadd_kube_manifests import ApiError, KubeClient, load_cluster_config
+from reloadd_kube_manifests._transport import HttpError
 
 from reloadd import ConfigError
 from tests.reliability import Reliability
@@ -48,7 +48,7 @@ async def reloadd_ok(config_path: Path | None = None, **kw: Any) -> tuple[bool, 
         return False, str(exc)
     try:
         await client.get("/api/v1/namespaces/kube-system")
-    except (ApiError, aiohttp.ClientError, ssl.SSLError, OSError) as exc:
+    except (ApiError, HttpError, ssl.SSLError, OSError) as exc:
         return False, str(exc)
     except Exception as exc:  # the client maps transport errors to its own types
         return False, f"{type(exc).__name__}: {exc}"

@@ -1,4 +1,4 @@
-"""A small async REST client for the Kubernetes API, on aiohttp.
+"""A small async REST client for the Kubernetes API, on :mod:`._transport` (HTTP/1.1 over asyncio streams).
 
 It does exactly what the applier needs and maps every HTTP outcome at this boundary::
 
@@ -30,11 +30,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-import aiohttp
-
 from reloadd import Backoff, PermanentError, TransientError
 
 from ._kubeconfig import ClusterConfig
+from ._transport import ConnectFailed, Disconnected, HttpError, Transport
 
 __all__ = ["APPLY_PATCH", "ApiError", "ApiUnavailable", "KubeClient", "RequestDropped", "parse_warning"]
 
@@ -114,9 +113,9 @@ def parse_warning(value: str) -> str:
 
 def _dropped(exc: BaseException) -> bool:
     """Whether ``exc`` means the server took the request and then closed the connection."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, ConnectFailed):
         return False  # never connected: the server is down or restarting
-    return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | aiohttp.ClientOSError)
+    return isinstance(exc, Disconnected)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -183,24 +182,23 @@ class KubeClient:
         self.backoff = backoff
         self.max_delay = max_delay
         self._backoff = Backoff(backoff, max_delay)
-        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.timeout = timeout
         self._sleep = sleep
-        self._session: aiohttp.ClientSession | None = None
+        self._transport: Transport | None = None
         self.stats: dict[str, float] = {"requests": 0, "retries": 0, "dropped": 0}
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self.config.ssl if self.config.ssl else False, limit=32)
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self.timeout, headers={"User-Agent": self.user_agent}
-            )
-        return self._session
+    def _get_transport(self) -> Transport:
+        if self._transport is None:
+            self._transport = Transport(self.config.server, self.config.ssl,
+                                        server_hostname=self.config.server_hostname,
+                                        headers={"User-Agent": self.user_agent})
+        return self._transport
 
     async def close(self) -> None:
         """Close the connection pool."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._transport is not None:
+            await self._transport.close()
+            self._transport = None
 
     async def request(
         self,
@@ -245,15 +243,13 @@ class KubeClient:
                 headers["Content-Type"] = content_type
             self.stats["requests"] += 1
             try:
-                async with self._get_session().request(
-                    method, self.config.server + path, params=params, data=data, headers=headers,
-                    server_hostname=self.config.server_hostname,
-                ) as resp:
-                    text = await resp.text(errors="replace")
-                    status = resp.status
-                    retry_after = _retry_after(resp.headers.get("Retry-After"))
-                    warned = [parse_warning(v) for v in resp.headers.getall("Warning", ())]
-            except (aiohttp.ClientError, TimeoutError) as exc:
+                resp, raw = await self._get_transport().request(
+                    method, path, params=params, headers=headers, body=data, timeout=self.timeout)
+                text = raw.decode("utf-8", "replace")
+                status = resp.status
+                retry_after = _retry_after(resp.header("retry-after"))
+                warned = [parse_warning(v) for v in resp.all("warning")]
+            except (HttpError, TimeoutError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 delay = None
                 if _dropped(exc) and await self._alive():
@@ -301,12 +297,8 @@ class KubeClient:
         """
         self.stats["requests"] += 1
         try:
-            async with self._get_session().get(
-                self.config.server + "/version", server_hostname=self.config.server_hostname,
-                timeout=aiohttp.ClientTimeout(total=5.0),
-            ) as resp:
-                await resp.read()
-        except (aiohttp.ClientError, TimeoutError):
+            await self._get_transport().request("GET", "/version", timeout=5.0)
+        except (HttpError, TimeoutError):
             return False
         return True
 
@@ -323,22 +315,21 @@ class KubeClient:
         """
         headers = await self._headers()
         self.stats["requests"] += 1
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout.total, sock_read=read_timeout)
         try:
-            async with self._get_session().get(
-                self.config.server + path, params={**params, "watch": "1"}, headers=headers, timeout=timeout,
-                server_hostname=self.config.server_hostname,
-            ) as resp:
+            async with self._get_transport().stream(
+                path, params={**params, "watch": "1"}, headers=headers, connect_timeout=self.timeout,
+                read_timeout=read_timeout,
+            ) as (resp, body):
                 if resp.status == 401:
                     self.config.auth.invalidate()
                 if resp.status >= 300:
-                    text = await resp.text(errors="replace")
+                    text = b"".join([chunk async for chunk in body]).decode("utf-8", "replace")
                     if resp.status in _RETRY_STATUSES or resp.status == 401:
                         raise ApiUnavailable(f"WATCH {path}: {_error(resp.status, text)}",
-                                             retry_after=_retry_after(resp.headers.get("Retry-After")))
+                                             retry_after=_retry_after(resp.header("retry-after")))
                     raise _error(resp.status, text)
                 buf = b""
-                async for chunk in resp.content.iter_any():
+                async for chunk in body:
                     buf += chunk
                     while (end := buf.find(b"\n")) >= 0:
                         line, buf = buf[:end], buf[end + 1:]
@@ -348,7 +339,7 @@ class KubeClient:
                                 yield event
                     if len(buf) > max_event:
                         raise ApiUnavailable(f"WATCH {path}: an event over {max_event} bytes")
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except (HttpError, TimeoutError, ValueError) as exc:
             raise ApiUnavailable(f"WATCH {path}: {type(exc).__name__}: {exc}") from exc
 
     async def get(self, path: str, params: Mapping[str, str] | None = None, *, attempts: int | None = None) -> Any:
