@@ -200,7 +200,7 @@ async def test_loopback_only_private_files_no_secrets(tmp_path: Path, metrics: s
     assert f"127.0.0.1:{kube_port}" in status_out
     logs = log.read_text()
     assert "configs.'quay-mirror.example.net'.auth: credentials are not written" in logs  # seen, warned ...
-    assert f"Cannot connect to host 127.0.0.1:{kube_port}" in logs  # the kube client did try
+    assert f"cannot connect to 127.0.0.1:{kube_port}" in logs  # the kube client did try
     leaks = {where: [s for s in SECRETS if s in text]
              for where, text in (("status", status_out), ("logs", logs), ("metrics", metrics_out))}
     assert leaks == {"status": [], "logs": [], "metrics": []}  # ... but never printed
