@@ -292,13 +292,15 @@ class BaseConsumer:
         return await self.each(batch, batch.changes, self.handle_one)
 
     async def each(self, batch: Batch, changes: Sequence[Change], act: Callable[[Change], Awaitable[Result]], *,
-                   at_once: bool = True) -> dict[Path, Result]:
+                   at_once: bool = True, limit: int | None = None) -> dict[Path, Result]:
         """Run ``act`` on each of ``changes`` (of ``batch``), all at once or one after another.
 
         The core's per-path fan-out, for :meth:`handle` and for a consumer whose ``handle()``
         orders its batch in phases (applies before removals, say): what ``act`` raises becomes
         the path's result by the core's one policy (:func:`reloadd._outcomes.result_of`), and
-        each path is reported (:meth:`Batch.report`) as soon as it is done.
+        each path is reported (:meth:`Batch.report`) as soon as it is done. With ``limit``, at most
+        that many run at once (each of ``limit`` workers takes the next change when it is done),
+        so a batch of thousands of paths never holds a task per path while they wait for a turn.
         """
         async def one(change: Change) -> Result:
             try:
@@ -308,10 +310,20 @@ class BaseConsumer:
             batch.report(change.path, result)
             return result
 
-        if at_once:
+        if not at_once:
+            results = [await one(c) for c in changes]
+        elif limit is None or limit >= len(changes):
             results = await asyncio.gather(*(one(c) for c in changes))
         else:
-            results = [await one(c) for c in changes]
+            done: list[Result | None] = [None] * len(changes)
+            todo = iter(enumerate(changes))
+
+            async def worker() -> None:
+                for i, change in todo:
+                    done[i] = await one(change)
+
+            await asyncio.gather(*(worker() for _ in range(max(1, limit))))
+            results = [r for r in done if r is not None]
         return {c.path: r for c, r in zip(changes, results, strict=True)}
 
     async def handle_one(self, change: Change) -> Result:

@@ -172,6 +172,12 @@ class Engine:
             self.inbox.put_nowait(events)
             self.on_change()
 
+    def release_caches(self) -> None:
+        """Drop what only speeds up a burst (content digests, memoised filter verdicts): it is over."""
+        self.digests.clear()
+        for slot in self.slots.values():
+            slot._owns = {}
+
     @property
     def idle(self) -> bool:
         """No event waiting, nothing held, nothing being worked on."""

@@ -287,6 +287,10 @@ class DigestCache:
         self._cache: dict[tuple[str, Fingerprint], str] = {}
         self._max = max_entries
 
+    def clear(self) -> None:
+        """Forget every digest (a burst is over: nothing is likely to be asked again soon)."""
+        self._cache = {}
+
     def digest(self, path: Path | str, fp: Fingerprint) -> str | None:
         """The digest of ``path`` if it still has fingerprint ``fp``; ``None`` if it moved on.
 

@@ -42,7 +42,10 @@ class Claims:
     async def want(self, key: str, refs: Collection[ObjRef]) -> None:
         """Record that ``key`` wants ``refs`` (replacing what it wanted), then wait out clashing deletes."""
         mine = frozenset(refs)
-        self._wanted[key] = mine
+        if mine:
+            self._wanted[key] = mine
+        else:
+            self._wanted.pop(key, None)  # wanting nothing is not wanting: no entry (10,000 empty files, no sets)
         while True:
             clashes = [ev for k, doomed, ev in self._deleting.values() if k != key and doomed & mine]
             if not clashes:

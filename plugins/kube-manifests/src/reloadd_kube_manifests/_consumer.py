@@ -440,7 +440,8 @@ class KubeManifestsConsumer(BaseConsumer):
         # Every existing file at once (each settles on its own), then the removals one by one, so
         # nothing a file of this batch declares is pruned.
         files = [c for c in live if c.path.suffix.lower() != SKIP_SUFFIX]
-        results.update(await self.each(batch, files, apply))
+        # As many at once as may apply (the semaphore is shared across batches): no task per waiting file.
+        results.update(await self.each(batch, files, apply, limit=self.concurrency))
         self._limit_held.difference_update(c.path for c in live)
         gone = [c for c in gone if c.path.suffix.lower() != SKIP_SUFFIX]
         over = self._over_max_prune(gone)
