@@ -50,6 +50,7 @@ bench: deps kube containerd-releases install
 	mkdir -p build/bench
 	$(BIN)/python -m bench --out docs/benchmarks-core.md
 	$(BIN)/python -m bench.containerd_images --out build/bench/20-containerd-images.md
+	$(BIN)/python -m bench.containerd_images.landing --md build/bench/25-containerd-landing.md
 	$(BIN)/python -m bench.kube_manifests --md build/bench/30-kube-manifests.md
 	$(BIN)/python -m bench.registry_mirrors --md build/bench/40-registry-mirrors.md
 	$(BIN)/python -m bench.drift --md build/bench/50-drift.md

@@ -23,6 +23,7 @@ The machines are shared and noisy (2 cores), so every figure that compares reloa
 |---|---|---|
 | core | `python -m bench` (full report: [benchmarks-core.md](benchmarks-core.md)) | watchfiles `awatch` |
 | containerd-images | `python -m bench.containerd_images` | each containerd release's own `ctr images import` |
+| containerd-images landing | `python -m bench.containerd_images.landing` | that release's `ctr images import` |
 | kube-manifests | `python -m bench.kube_manifests` | `kubectl apply --server-side` v1.20.2 (Debian's) |
 | registry-mirrors | `python -m bench.registry_mirrors` | — (save → hosts.toml latency) |
 | guarded state | `python -m bench.drift` | the same reloadd with `drift = "off"` (idle CPU) |

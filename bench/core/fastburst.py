@@ -10,11 +10,18 @@ folders, so a name identifies a file.
 Per burst and watcher: files delivered, time from the writer's first operation to the last
 delivery, CPU seconds from the writer's start until following ends, and the watcher's resident
 memory before the burst, at its peak and 30 s after following ended (memory given back).
+
+*overflow* (run as root only): fresh watchers started while ``fs.inotify.max_queued_events`` is
+lowered to :data:`OVERFLOW_QUEUE` (the kernel reads it when an inotify instance is made; the old
+value is put back at once), then the *create* burst into empty folders: the kernel queue overflows.
+Every file must still be delivered, and reloadd's rescan must start within 100 ms of the overflow
+(its engine measures ``recovery_delay``, from reading the overflow to the rescan's start).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -27,6 +34,8 @@ FOLDERS = 100
 SILENCE = {"reloadd": 45.0, "watchfiles": 10.0}
 CAP = 300.0
 SETTLE_AFTER = 30.0  # seconds after following ends before the "after" memory is read
+OVERFLOW_QUEUE = 1024  # fs.inotify.max_queued_events for the overflow burst's watchers
+_QUEUED = Path("/proc/sys/fs/inotify/max_queued_events")
 
 _WRITER = r"""
 import json, os, sys, time
@@ -80,7 +89,7 @@ def start_watchers(base: Path, tag: str, n: int) -> tuple[Path, list[Watcher]]:
     return root, watchers
 
 
-def burst(root: Path, watchers: list[Watcher], mode: str, first: int, n: int) -> dict[str, Any]:
+def burst(root: Path, watchers: list[Watcher], mode: str, first: int, n: int, label: str = "") -> dict[str, Any]:
     """Run one writer burst and follow both watchers until complete or silent."""
     want = names(first, n)
     before = {w.label: memory_kib(w.pid) for w in watchers}
@@ -109,7 +118,7 @@ def burst(root: Path, watchers: list[Watcher], mode: str, first: int, n: int) ->
     cpu = {w.label: cpu_seconds(w.pid) - cpu0[w.label] for w in watchers}
     peak = {w.label: memory_kib(w.pid) for w in watchers}
     time.sleep(SETTLE_AFTER)
-    result: dict[str, Any] = {"mode": mode, "files": n, "write_seconds": t1 - t0,
+    result: dict[str, Any] = {"mode": label or mode, "files": n, "write_seconds": t1 - t0,
                               "writer_started_s": t0 - started, "watchers": {}}
     for w in watchers:
         with w.cond:
@@ -134,7 +143,7 @@ def run(base: Path, n: int, rep: int) -> list[dict[str, Any]]:
     """One set of fresh watchers: a modify, a create and a delete burst of ``n`` files each."""
     root, watchers = start_watchers(base, f"fast{n}-{rep}", n)
     try:
-        return [
+        out = [
             burst(root, watchers, "modify", 0, n),
             burst(root, watchers, "create", n, n),
             burst(root, watchers, "delete", n, n),
@@ -142,3 +151,16 @@ def run(base: Path, n: int, rep: int) -> list[dict[str, Any]]:
     finally:
         for w in watchers:
             w.stop()
+    if os.access(_QUEUED, os.W_OK):
+        old = _QUEUED.read_text().strip()
+        _QUEUED.write_text(str(OVERFLOW_QUEUE))
+        try:
+            root, watchers = start_watchers(base, f"overflow{n}-{rep}", 0)
+        finally:
+            _QUEUED.write_text(old)  # read by the kernel when each watcher made its inotify instance
+        try:
+            out.append(burst(root, watchers, "create", 0, n, label="overflow"))
+        finally:
+            for w in watchers:
+                w.stop()
+    return out

@@ -117,6 +117,8 @@ class EngineStats:
     """Periodic rescans that took live watches on trust (a share of :attr:`rescans`)."""
     resyncs: int = 0
     handed_over: int = 0
+    recovery_delay: float | None = None
+    """Seconds from the last loss of events (an inotify overflow) to the start of its rescan."""
 
 
 class Engine:
@@ -253,6 +255,7 @@ class Engine:
         subtrees: set[Path] = set()
         rescan: Reason | None = None
         periodic = True  # every RESCAN asked for is the timer's (none says events were lost)
+        lost_at: float | None = None  # the earliest loss of events a RESCAN here is for
         everything: Reason | None = None  # a forced pass of every consumer's every path, asked for by ...
         whole: dict[str, Reason] = {}  # ... or of one consumer's
         seen: Counter[tuple[str, EventKind]] = Counter()
@@ -276,6 +279,8 @@ class Engine:
                 if ev.source in ("inotify", "supervisor"):  # events were lost
                     self.stats.overflows += ev.source == "inotify"
                     self.agg.distrust_writers(now)
+                if type(ev) is SourceEvent and ev.lost_at is not None:
+                    lost_at = ev.lost_at if lost_at is None else min(lost_at, ev.lost_at)
                 periodic = periodic and ev.source == "rescan"
                 if rescan is not Reason.STARTUP:
                     rescan = Reason.STARTUP if ev.source == "startup" else Reason.RESCAN
@@ -287,6 +292,8 @@ class Engine:
                 self._observe_file(ev, now)
         for (source, kind), n in seen.items():
             self.stats.events[(source, kind.value)] += n
+        if lost_at is not None:  # the rescan of every root starts below, at once
+            self.stats.recovery_delay = max(0.0, time.monotonic() - lost_at)
         if everything is not None:
             self.stats.resyncs += 1
             await self.reconcile(None, everything, forced=True)

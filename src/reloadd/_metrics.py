@@ -23,6 +23,7 @@ changes_handed_over_total                      counter  (settled paths put on a 
 overflows_total, resyncs_total                 counter
 rescan_duration_seconds                        summary  (count = rescans of every root)
 rescans_covered_total                          counter  (those that took live watches on trust)
+overflow_rescan_delay_seconds                  gauge    (last overflow to the start of its rescan)
 consumer_info                                  gauge    consumer, plugin
 consumer_batches_total                         counter  consumer
 consumer_results_total                         counter  consumer, outcome=success|retry|failure
@@ -150,6 +151,10 @@ class ReloaderCollector:
         yield _counter("reloadd_resyncs", "Forced resyncs (SIGHUP, reloadd reload).", st.resyncs)
         yield Family("reloadd_rescan_duration_seconds", "summary", "Rescans (stat walks) of every root.").add(
             ("count",), st.rescans).add(("sum",), st.rescan_seconds)
+        if st.recovery_delay is not None:
+            yield _gauge("reloadd_overflow_rescan_delay_seconds",
+                         "Seconds from the last loss of events (inotify overflow) to the start of its rescan.",
+                         st.recovery_delay)
         yield _counter("reloadd_rescans_covered",
                        "Periodic rescans that listed the directories live watches cover, "
                        "without a stat per file (see full_rescan_interval).", st.covered_rescans)

@@ -71,6 +71,8 @@ class EngineCounters:
     rescans: int = 0
     rescan_seconds: float = 0.0
     covered_rescans: int = 0
+    recovery_delay: float | None = None
+    """Seconds from the last loss of events (an inotify overflow) to the start of its rescan."""
 
 
 @dataclass(frozen=True)

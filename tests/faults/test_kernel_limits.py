@@ -89,6 +89,8 @@ async def test_max_queued_events(tmp_path: Path, recorder_cls: Any, start_reload
         await rec.wait_for(lambda r: expected <= {c.path for c in r.changes}, timeout=60)
         await r.wait_idle(30)
         overflows = r.engine.stats.overflows
+        delay = r.engine.stats.recovery_delay
+        exported = r.snapshot().engine.recovery_delay
     said = caplog.text.count("inotify queue overflowed")
     delivered = {c.path for c in rec.changes} & expected
     seen: dict[Path, int] = {}
@@ -98,11 +100,12 @@ async def test_max_queued_events(tmp_path: Path, recorder_cls: Any, start_reload
     reliability.record(
         f"fs.inotify.max_queued_events=64, {files} files in a burst", trials=1, expected=files,
         delivered=len(delivered), duplicates=sum(n - 1 for n in seen.values()), lost=files - len(delivered),
-        notes=f"{overflows} overflow(s), warned {said}× (at most once a minute); recovered by rescan; "
-              f"{time.monotonic() - t0:.1f}s",
+        notes=f"{overflows} overflow(s), warned {said}× (at most once a minute); recovered by rescan, started "
+              f"{(delay or 0) * 1000:.0f} ms after the overflow was read; {time.monotonic() - t0:.1f}s",
     )
     assert delivered == expected
     assert overflows >= 1
+    assert delay is not None and exported == delay  # measured, and exported (reloadd_overflow_rescan_delay_seconds)
     assert said == 1  # said once, however many overflows
     for p in expected:
         assert rec.changes_for(p)[-1].fingerprint is not None

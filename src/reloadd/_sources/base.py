@@ -86,6 +86,9 @@ class SourceEvent:
     """The consumer a ``DRIFTED`` event is for (a far-side source watches one consumer's output)."""
     drift: Drift | None = None
     """What drifted (``DRIFTED`` events): status, the WARNING line and the metric name it."""
+    lost_at: float | None = None
+    """A ``RESCAN`` because events were lost: when (``time.monotonic()``) the source learned of the loss
+    (the engine measures how long the rescan took to start)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,6 +135,7 @@ class InotifySource:
         self._overflow_logged = -float("inf")
         self._recovery: asyncio.Task[None] | None = None
         self._recover_again = False
+        self._lost_at: float | None = None  # the first loss the running recovery has not rescanned yet
 
     @property
     def watch_count(self) -> int:
@@ -319,6 +320,8 @@ class InotifySource:
         kernel queue overflow again, and a burst turns into a chain of overflows. Lost
         events arriving while one recovery runs make it go round once more.
         """
+        if self._lost_at is None:
+            self._lost_at = time.monotonic()
         if self._recovery is not None and not self._recovery.done():
             self._recover_again = True
             return
@@ -329,7 +332,8 @@ class InotifySource:
         while again:
             self._recover_again = False
             await self._arm_all()
-            self._emit(EventKind.RESCAN, None)
+            lost_at, self._lost_at = self._lost_at, None
+            self.ctx.emit(SourceEvent(EventKind.RESCAN, None, self.name, lost_at=lost_at))
             again = self._recover_again
 
     async def _handle_buffer(self, data: bytes) -> None:
