@@ -12,7 +12,7 @@ delivery, CPU seconds from the writer's start until following ends, and the watc
 memory before the burst, at its peak and 30 s after following ended (memory given back).
 
 *overflow* (run as root only): fresh watchers started while ``fs.inotify.max_queued_events`` is
-lowered to :data:`OVERFLOW_QUEUE` (the kernel reads it when an inotify instance is made; the old
+lowered to :data:`OVERFLOW_QUEUE` (16 events) (the kernel reads it when an inotify instance is made; the old
 value is put back at once), then the *create* burst into empty folders: the kernel queue overflows.
 Every file must still be delivered, and reloadd's rescan must start within 100 ms of the overflow
 (its engine measures ``recovery_delay``, from reading the overflow to the rescan's start).
@@ -34,7 +34,7 @@ FOLDERS = 100
 SILENCE = {"reloadd": 45.0, "watchfiles": 10.0}
 CAP = 300.0
 SETTLE_AFTER = 30.0  # seconds after following ends before the "after" memory is read
-OVERFLOW_QUEUE = 1024  # fs.inotify.max_queued_events for the overflow burst's watchers
+OVERFLOW_QUEUE = 16  # fs.inotify.max_queued_events for the overflow burst's watchers
 _QUEUED = Path("/proc/sys/fs/inotify/max_queued_events")
 
 _WRITER = r"""
