@@ -184,6 +184,11 @@ class _Connection(asyncio.Protocol):
             return
         self.task = asyncio.get_running_loop().create_task(self._respond(parsed))
 
+    def eof_received(self) -> bool:
+        # A client that shuts down its side after the request (``nc -N``, some probes) still gets the
+        # answer: keep the transport while one is being made; with nothing asked yet, close.
+        return self.served
+
     def _answer_bad(self, exc: _BadRequest) -> None:
         self.served = True
         self._buf = bytearray()

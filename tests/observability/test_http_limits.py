@@ -265,3 +265,25 @@ async def test_idle_and_trickling_connections_are_dropped_and_slots_reclaimed() 
         for _, w in conns:
             w.close()
         await server.close()
+
+
+async def test_a_client_that_shuts_down_its_side_still_gets_the_answer() -> None:
+    """``printf 'GET /healthz ...' | nc -N host port`` half-closes after the request; the answer must come."""
+    from reloadd._http import Response
+    from reloadd._webserver import start_http
+
+    async def handler(path: str, headers: dict[str, str]) -> Response:
+        await asyncio.sleep(0.05)  # the answer is made after the client's EOF has arrived
+        return Response(200, b"ok\n")
+
+    server = await start_http("127.0.0.1:0", handler)
+    try:
+        reader, writer = await asyncio.open_connection(*server.address)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        writer.write_eof()
+        raw = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert raw.startswith(b"HTTP/1.1 200 ") and raw.endswith(b"\r\n\r\nok\n"), raw
+    finally:
+        await server.close()
