@@ -13,23 +13,48 @@ import ctypes.util
 import functools
 import logging
 
-__all__ = ["give_back"]
+__all__ = ["give_back", "limit_arenas"]
+
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
 
 log = logging.getLogger("reloadd.memory")
 
 
 @functools.cache
-def _trim() -> ctypes._NamedFuncPointer | None:
+def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        fn = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc
+        return ctypes.CDLL(name)
+    except OSError:
         return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
+
+
+def _trim() -> ctypes._NamedFuncPointer | None:
+    libc = _libc()
+    fn = getattr(libc, "malloc_trim", None) if libc is not None else None  # absent: not glibc
+    if fn is not None:
+        fn.argtypes = [ctypes.c_size_t]
+        fn.restype = ctypes.c_int
     return fn
+
+
+def limit_arenas(arenas: int = 2) -> bool:
+    """Have glibc's ``malloc`` use at most ``arenas`` arenas; whether the C library took it.
+
+    By default each thread that allocates may get an arena of its own (up to 8 per core), and each keeps
+    the pages it once used: the daemon's worker threads (walks, digests, file reads) each held a few MiB
+    after a pass. For the daemon's own process only (``reloadd run``), before its threads start; an
+    application embedding a reloader keeps its allocator settings.
+    """
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None) if libc is not None else None
+    if mallopt is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, arenas))
 
 
 def give_back() -> bool:
