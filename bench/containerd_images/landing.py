@@ -22,15 +22,15 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench.daemon.__main__ import _ready
+from examples.demo.run_demo import _free_port
 from tests.infra import RELEASES, private_containerd
 
 from .gen import big_oci_tarball
@@ -40,20 +40,6 @@ _LAYERS = {50: 2, 150: 4, 550: 6}
 
 def _layers(mb: int) -> int:
     return _LAYERS.get(mb, max(1, round(mb / 90)))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 async def _ctr(release: str, address: str, archive: Path) -> float:

@@ -9,7 +9,6 @@ return them (``malloc_trim(0)``); elsewhere (musl, another libc) it does nothing
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 
@@ -22,11 +21,9 @@ log = logging.getLogger("reloadd.memory")
 
 @functools.cache
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """The C library the interpreter runs on (its symbols, as already loaded: no ``ldconfig`` run)."""
     try:
-        return ctypes.CDLL(name)
+        return ctypes.CDLL(None)
     except OSError:
         return None
 

@@ -41,6 +41,7 @@ consumer_stat                                  gauge    consumer, name (the plug
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import math
 import os
@@ -229,12 +230,14 @@ def _gauge(name: str, doc: str, value: float) -> Family:
     return Family(name, "gauge", doc).add((), value)
 
 
-def _boot_time() -> float:
+@functools.cache
+def _start_time(ticks: int) -> float:
+    """When this process started (Unix time): boot time plus its start in clock ticks; read once."""
+    with open("/proc/self/stat", "rb") as f:
+        started = int(f.read().rpartition(b")")[2].split()[19])
     with open("/proc/stat", "rb") as f:
-        for line in f:
-            if line.startswith(b"btime "):
-                return float(line.split()[1])
-    return 0.0
+        boot = next((float(line.split()[1]) for line in f if line.startswith(b"btime ")), 0.0)
+    return boot + started / ticks
 
 
 def process_families() -> Iterator[Family]:
@@ -245,7 +248,7 @@ def process_families() -> Iterator[Family]:
         ticks = os.sysconf("SC_CLK_TCK")
         page = os.sysconf("SC_PAGE_SIZE")
         fds = len(os.listdir("/proc/self/fd"))
-        start = _boot_time() + int(fields[19]) / ticks
+        start = _start_time(ticks)
     except (OSError, ValueError, IndexError):
         return  # not Linux, or /proc not mounted: no process metrics
     times = os.times()

@@ -283,7 +283,6 @@ class RecordStore(Mapping[Path, PathRecord]):
         if self.directory is not None:
             self._buffer.append('{"p":' + _str(key) + ',"r":' + fields_json(fingerprint, digest, text, error) + "}")
 
-
     def drop(self, path: Path | str) -> None:
         """Forget ``path`` (buffered until :meth:`flush`)."""
         key = os.fspath(path)

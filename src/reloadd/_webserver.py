@@ -94,7 +94,6 @@ class _BadRequest(Exception):
 class _Head:
     method: str
     target: str
-    version: tuple[int, int]
     headers: dict[str, str]
 
 
@@ -109,8 +108,7 @@ def _parse_head(raw: bytes) -> _Head:
     match = _VERSION.fullmatch(version)
     if match is None or (int(match[1]), int(match[2])) not in _KNOWN_VERSIONS:
         raise _BadRequest(400, "malformed HTTP version\n")
-    ver = (int(match[1]), int(match[2]))
-    if ver not in ((1, 0), (1, 1)):
+    if (int(match[1]), int(match[2])) not in ((1, 0), (1, 1)):
         raise _BadRequest(505, "only HTTP/1.0 and HTTP/1.1\n")
     if len(lines) - 1 > MAX_HEADERS:
         raise _BadRequest(400, f"more than {MAX_HEADERS} header fields\n")
@@ -128,7 +126,7 @@ def _parse_head(raw: bytes) -> _Head:
         raise _BadRequest(405, "only GET and HEAD\n", Allow="GET, HEAD")
     if "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("0", ""):
         raise _BadRequest(413, "request bodies are not accepted\n")
-    return _Head(method.decode("ascii"), target.decode("latin-1"), ver, headers)
+    return _Head(method.decode("ascii"), target.decode("latin-1"), headers)
 
 
 def _encode(status: int, body: bytes, content_type: str, head_only: bool, **extra: str) -> bytes:
@@ -170,7 +168,7 @@ class _Connection(asyncio.Protocol):
         if any(len(line) > MAX_LINE + 1 for line in head.split(b"\n")):
             self._answer_bad(_BadRequest(400, f"a request line or header field over {MAX_LINE} bytes\n"))
             return
-        if head.count(b"\n") > MAX_HEADERS + 1:
+        if head.count(b"\n") > MAX_HEADERS + 1:  # early, on a head still coming; _parse_head counts exactly
             self._answer_bad(_BadRequest(400, f"more than {MAX_HEADERS} header fields\n"))
             return
         if end < 0:

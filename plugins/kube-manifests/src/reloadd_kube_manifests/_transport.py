@@ -68,7 +68,6 @@ class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
-        self.used = 0
         self.idle_since = time.monotonic()
 
     def usable(self) -> bool:
@@ -202,7 +201,6 @@ class Transport:
             try:
                 if conn is None:
                     conn = await self._connect()
-                conn.used += 1
                 try:
                     conn.writer.write(head + (body or b""))
                     await conn.writer.drain()
