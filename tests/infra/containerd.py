@@ -310,12 +310,27 @@ class Containerd:
             return ""
 
     def panics(self) -> list[str]:
-        """Lines of the log that show the daemon panicked (Go ``panic:`` or a fatal runtime error)."""
+        """Lines of the log that show the daemon panicked (Go ``panic:`` or a fatal runtime error).
+
+        Not counted: containerd 1.6's own shutdown bug, where a garbage collection cut short by the stop
+        (``garbage collection failed ... context canceled``) is followed by a nil dereference in
+        ``gcScheduler.run`` (it reads the failed run's stats); a test that stops containerd right after
+        an image change can meet it, whatever the client did.
+        """
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return []
-        return [ln for ln in lines if ln.startswith(("panic:", "fatal error:", "SIGSEGV", "runtime error:"))]
+        out = []
+        for i, ln in enumerate(lines):
+            if not ln.startswith(("panic:", "fatal error:", "SIGSEGV", "runtime error:")):
+                continue
+            before, after = lines[max(0, i - 1)], "\n".join(lines[i + 1:i + 6])
+            if ('garbage collection failed" error="context canceled"' in before
+                    and "gc/scheduler.(*gcScheduler).run" in after):
+                continue
+            out.append(ln)
+        return out
 
     def log_problems(self, n: int = 20) -> str:
         """The last ``n`` warning/error lines of containerd's log (CNI noise left out)."""
