@@ -47,7 +47,8 @@ Method in short:
 - **Rescan.** Runs in process, with `Engine.reconcile(None, Reason.RESCAN)` on an unchanged tree
   whose files were all acknowledged through the real start-up pass. *Full* is a rescan that stats
   every file (start-up, overflow, SIGHUP); *covered* is the periodic one, with inotify on, which lists
-  the watched directories and stats one file in four (its share, by inode, at the defaults). The peer
+  the watched directories changed since their last listing and stats the files of one in four (its turn,
+  by directory inode, at the defaults). The peer
   is `find DIR -printf '%i %s %T@\\n'` over the same tree (a stat walk in C).
 - **Fast writer.** 100,000 files in 100 folders, and a writer in its own process appending a byte
   to each, creating 100,000 more, then unlinking those, as fast as it can (issue #28). Same
@@ -194,7 +195,8 @@ def idle_section(r: dict[str, Any]) -> str:
         "",
         f"Measured in {len(win)} consecutive windows of {win[0]['seconds']:.0f} s with {r['files']:,} files "
         "present and nothing changing. reloadd's figure includes its periodic rescans (every 15 s; at the "
-        "defaults each stats a quarter of the files inotify covers, in turn).",
+        "defaults each lists only the watched directories whose names changed, and stats the files of a "
+        "quarter of them, in turn).",
         "",
         "| window | watcher | CPU s | CPU % of one core | wakeups/s (voluntary) | involuntary/s | threads | batches |",
         "|---|---|---|---|---|---|---|---|",

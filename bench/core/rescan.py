@@ -9,8 +9,9 @@ re-observes nothing, which is checked and reported. The peer is ``find`` printin
 size and mtime of every entry of the same tree: the cost of a stat walk in C.
 
 That is the *full* rescan (start-up, overflow, SIGHUP). The periodic rescans are
-*covered*: with inotify on, a directory a live watch covers is listed and only the
-rescan's share of its files (a quarter at the defaults, by inode, in turn) is stat-ed.
+*covered*: with inotify on, a directory a live watch covers is listed only when its
+names changed since its last listing, and its files are stat-ed only on its turn (a
+quarter of the directories at the defaults, by directory inode, in turn).
 They are timed the same way on a second Reloader with inotify on, each called as the
 timer calls it (``periodic=True``).
 """

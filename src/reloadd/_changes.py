@@ -25,7 +25,7 @@ from ._filters import PathFilter, under
 from ._item import Item
 from ._packed import digest_of, pack_record, stat_of
 from ._prune import PruneGuard, RootId
-from ._scan import DigestCache, Found, Trust, local_devices, scan
+from ._scan import DigestCache, Found, Listing, Trust, local_devices, scan
 from ._types import Change, ChangeKind, Fingerprint, PathRecord
 
 __all__ = ["CHANGED", "UNREADABLE", "UNSEEN", "Diff", "Needed", "View", "change_kind", "diff", "digest_all", "needed",
@@ -157,6 +157,7 @@ def diff(
     forced: bool,
     covered: frozenset[str] | None = None,
     share: tuple[int, int] = (1, 0),
+    listings: dict[str, Listing] | None = None,
 ) -> Diff:
     """Walk and compare with each consumer's acknowledged fingerprints (blocking).
 
@@ -164,7 +165,9 @@ def diff(
     lookup and one tuple comparison; the filter is consulted only for the rest.
     The walk hands its entries over in chunks (:data:`SCAN_CHUNK`), so memory does
     not grow with the tree. With ``covered``, the regular files of those directories
-    (on local file systems) outside ``share`` are met without a stat (:class:`Trust`). Paths gone since
+    (on local file systems) not in ``share`` are met without a stat, and with ``listings`` (the
+    caller's memo, kept across walks) one unchanged since it was listed is not listed again
+    (:class:`Trust`). Paths gone since
     they were acknowledged are found by counting: when every path recorded (under the
     scope) before the walk was met on it, none is gone; otherwise (rare: a delete
     inotify did not report, or one still being handled) the tree's paths are listed
@@ -175,16 +178,21 @@ def diff(
     overlap = any(i != j and under(a, b) for i, a in enumerate(tops) for j, b in enumerate(tops))
     compares = [_Compare(v, scopes, forced, overlap) for v in views]
 
-    def sink(found: Found, listed: set[str]) -> None:
-        for c in compares:
-            c.take(found, listed)
-
-    trust = Trust(covered, local_devices(), *share) if covered else None
+    trust = Trust(covered, local_devices(), *share, listings=listings) if covered else None
     for top, root, recursive in jobs:
+        # Only the consumers whose roots meet this walk's top compare its chunks: a path under another
+        # consumer's root is not learned (and memoised) as "not mine" by every other consumer, every rescan.
+        mine = [c for c in compares if c.meets(top)]
+
+        def sink(found: Found, listed: set[str], mine: list[_Compare] = mine) -> None:
+            for c in mine:
+                c.take(found, listed)
+
         found: Found = {}
         listed: set[str] = set()
         scan(top, root, recursive, found, errors, sink, trust, listed)
         sink(found, listed)
+    skipped = trust.skipped if trust is not None else set()
     out = Diff()
     warned: set[str] = set()
     everything: set[str] | None = None
@@ -194,9 +202,13 @@ def diff(
                 warned.add(key)
                 out.errors.append((key, error))
         in_scope = c.before
-        if len(in_scope) == c.met and c.view.guard is not None:
+        expected = len(in_scope)
+        unlisted = {d for d in skipped if c.meets(d)}
+        if unlisted:  # the records of a directory not listed (unchanged since it was) are there: not counted
+            expected -= sum(1 for key in in_scope if (key[:key.rfind("/")] or "/") in unlisted)
+        if expected == c.met and c.view.guard is not None:
             out.roots[c.view.name] = c.view.guard.root_ids()  # every record met: the roots are the good ones
-        if len(in_scope) != c.met:
+        if expected != c.met:
             if everything is None:
                 walked: Found = {}
                 for top, root, recursive in jobs:
@@ -228,6 +240,10 @@ class _Compare:
         # removal is not counted: missing, it stays held; met, it is taken up through ``held``.
         self.before = {key for key in list(view.records)
                        if (key in self.roots or key.startswith(self.prefixes)) and key not in view.prune_held}
+
+    def meets(self, top: str) -> bool:
+        """Whether a walk of ``top`` can meet a path of this consumer (one of its roots is above or below it)."""
+        return any(under(top, r) or under(r, top) for r in self.view.filter.roots)
 
     def take(self, found: Found, listed: set[str]) -> None:
         """Compare one chunk of a walk: ``found`` stat-ed, ``listed`` met in covered directories (no stat)."""

@@ -78,7 +78,8 @@ class Config:
         rescan_interval: Seconds between stat walks; 0 disables them.
         full_rescan_interval: Every file is stat-ed by a rescan at least this often. In the
             directories a live inotify watch covers (on local file systems) a periodic
-            rescan stats only its share of the files, in turn; what no watch covers is
+            rescan stats the files of its share of the directories, in turn, and lists
+            the others only when their names changed; what no watch covers is
             stat-ed on every rescan. At most ``rescan_interval``: every rescan is full.
         quiet: Seconds without events before a path counts as settled.
         max_delay: Cap on how long a path that keeps changing is held, and on how long

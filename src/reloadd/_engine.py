@@ -29,7 +29,7 @@ from ._consumer import BaseConsumer, Consumer
 from ._drift import DriftBook
 from ._filters import PathFilter, under
 from ._queue import Item, WorkQueue
-from ._scan import DigestCache, Probe, probe
+from ._scan import DigestCache, Listing, Probe, probe
 from ._sources.base import Coverage, EventKind, SourceEvent
 from ._state import RecordStore
 from ._types import Fingerprint, Reason
@@ -130,8 +130,8 @@ class Engine:
         clock: Monotonic clock.
         on_change: Called after every step (idle tracking).
         full_rescan_every: Periodic rescans over which every file is stat-ed once: each
-            stats what :attr:`coverage` does not vouch for, plus this share of what it
-            does (1: every rescan stats every file).
+            stats what :attr:`coverage` does not vouch for, plus the files of this share of
+            the directories it does (1: every rescan stats every file).
     """
 
     def __init__(
@@ -158,8 +158,9 @@ class Engine:
         self.coverage = Coverage()
         """Directories the sources report every change in (given to them in their context)."""
         self.full_rescan_every = max(1, full_rescan_every)
-        self._tick = 0  # periodic rescans so far: which share of the covered files the next one stats
+        self._tick = 0  # periodic rescans so far: which share of the covered directories the next one stats
         self._trusted: dict[str, int] | None = None  # the coverage as the last rescan of every root began
+        self._listings: dict[str, Listing] = {}  # covered directories as a periodic rescan listed them
         self._timers: set[asyncio.TimerHandle] = set()  # drift corrections waiting out their backoff
 
     # Input -----------------------------------------------------------------------
@@ -412,9 +413,11 @@ class Engine:
                 share = (self.full_rescan_every, self._tick % self.full_rescan_every)
                 self._tick += 1
         started = time.perf_counter()
-        found = await asyncio.to_thread(diff, jobs, views, scopes, forced, covered, share)
+        found = await asyncio.to_thread(diff, jobs, views, scopes, forced, covered, share, self._listings)
         if now_covered is not None:
             self._trusted = now_covered  # this walk stat-ed whole every directory it did not trust
+            for d in [d for d in self._listings if d not in now_covered]:
+                del self._listings[d]  # no watch on it any more (removed, or lost): its listing is not kept
         if tops is None:
             self.stats.rescans += 1
             self.stats.covered_rescans += covered is not None

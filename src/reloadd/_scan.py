@@ -9,15 +9,16 @@ import hashlib
 import itertools
 import os
 import stat
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, TypeAlias
 
 from ._filters import under
 from ._types import Fingerprint
 
-__all__ = ["DigestCache", "Found", "Probe", "Trust", "local_devices", "probe", "scan", "walk"]
+__all__ = ["DigestCache", "Found", "Listing", "Probe", "Trust", "local_devices", "probe", "scan", "walk"]
 
 _CHUNK = 1 << 20
 SCAN_CHUNK = 4096
@@ -62,6 +63,15 @@ def local_devices(mountinfo: str | None = None) -> frozenset[int]:
     return frozenset(devices)
 
 
+Listing: TypeAlias = tuple[tuple[int, int, int, int], tuple[str, ...]]
+"""A covered directory as a walk listed it: its ``(st_dev, st_ino, st_mtime_ns, st_ctime_ns)`` then, and its
+names that are not regular files (sub-directories, symlinks, the rest: stat-ed on every walk)."""
+
+_SETTLED_NS = 1_000_000_000
+"""A directory whose modification time is this recent when it is listed may have a name changed again within
+the same timestamp (it comes from the kernel's coarse clock): its listing is not kept."""
+
+
 @dataclass(frozen=True, slots=True)
 class Trust:
     """What a periodic rescan may take on trust.
@@ -69,18 +79,53 @@ class Trust:
     Attributes:
         dirs: Directories a live watch has covered since before the previous rescan stat-ed them whole.
         devices: ``st_dev`` of the local file systems (:func:`local_devices`).
-        shares: The covered files are stat-ed over this many rescans, in turn...
-        share: ...and this rescan stats those whose inode modulo ``shares`` is this.
+        shares: The covered directories have their files stat-ed over this many rescans, in turn...
+        share: ...and this rescan stats those of the directories whose inode modulo ``shares`` is this.
+        listings: The caller's memo of covered directories as a walk listed them (kept across walks):
+            one whose times are those of its listing has the same names, so it is not listed again
+            unless it is its turn; only its names that are not regular files are stat-ed.
+        skipped: Filled by the walk: the directories it did not list.
     """
 
     dirs: frozenset[str]
     devices: frozenset[int]
     shares: int = 1
     share: int = 0
+    listings: dict[str, Listing] | None = None
+    skipped: set[str] = field(default_factory=set)
+    listed: set[str] = field(default_factory=set)  # listed by this walk: never skipped later in it
 
-    def covers(self, directory: str, fd: int) -> bool:
-        """Whether the regular files of ``directory`` (open as ``fd``) need no stat."""
-        return directory in self.dirs and os.fstat(fd).st_dev in self.devices
+    def covers(self, directory: str, st: os.stat_result) -> bool:
+        """Whether the regular files of ``directory`` (``st`` its stat) may be taken on trust."""
+        return directory in self.dirs and st.st_dev in self.devices
+
+    def due(self, st: os.stat_result) -> bool:
+        """Whether it is the turn of the directory (``st`` its stat) to have every file stat-ed."""
+        return st.st_ino % self.shares == self.share
+
+    def unchanged(self, directory: str, st: os.stat_result) -> tuple[str, ...] | None:
+        """The names to stat of a covered ``directory`` that need not be listed; ``None``: list it."""
+        memo = self.listings.get(directory) if self.listings is not None else None
+        if memo is None or directory in self.listed:
+            return None
+        if directory in self.skipped or (memo[0] == _stamp(st) and not self.due(st)):
+            self.skipped.add(directory)
+            return memo[1]
+        return None
+
+    def remember(self, directory: str, st: os.stat_result, others: list[str] | None) -> None:
+        """Keep ``directory``'s listing (``others`` its names that are not regular files; ``None``: forget it)."""
+        self.listed.add(directory)
+        if self.listings is None:
+            return
+        if others is None or time.time_ns() - st.st_mtime_ns < _SETTLED_NS:  # a name change sets both times
+            self.listings.pop(directory, None)
+        else:
+            self.listings[directory] = (_stamp(st), tuple(others))
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class Probe(NamedTuple):
@@ -180,9 +225,12 @@ def scan(
     :class:`Fingerprint`). Blocking.
 
     With ``trust`` (and ``listed``), the regular files of a directory it covers are not
-    stat-ed unless their inode is in its share: their paths go into ``listed`` (the
-    directory entry's type and inode say what they are, no stat). Symlinks,
-    sub-directories and everything else are stat-ed as always.
+    stat-ed unless it is the directory's turn (:meth:`Trust.due`): their paths go into
+    ``listed`` (the directory entry's type says what they are, no stat). Symlinks,
+    sub-directories and everything else are stat-ed as always. A covered directory whose
+    times are those of its kept listing (:attr:`Trust.listings`) and whose turn it is not
+    is not listed at all: its names are the listed ones, so only those that are no
+    regular file are stat-ed, and it goes into :attr:`Trust.skipped`.
 
     With ``sink``, ``found`` and ``listed`` are handed to it and emptied whenever they hold
     :data:`SCAN_CHUNK` entries or more, so a walk of 100k files never holds them all
@@ -203,14 +251,23 @@ def scan(
             fd = os.open(d, flags if d is top and top == root else flags | os.O_NOFOLLOW)
         except OSError:
             continue
+        others: list[str] | None = None  # a covered directory's names that are not regular files
         try:
             prefix = d if d.endswith("/") else d + "/"
-            covered = listed is not None and trust is not None and trust.covers(d, fd)
+            trusted = False
+            if listed is not None and trust is not None:
+                dst = os.fstat(fd)  # before the listing: a change while it runs moves the times past this
+                if trust.covers(d, dst):
+                    names_ = trust.unchanged(d, dst)
+                    if names_ is not None:  # the same names as when listed: only those that are no regular file
+                        _scan_names(list(names_), prefix, fd, root, recursive, found, errors, stack)
+                        continue
+                    trusted, others = not trust.due(dst), []
             with os.scandir(fd) as entries:  # names streamed: a 100k-file directory is never listed whole
                 while chunk := list(itertools.islice(entries, SCAN_CHUNK)):
-                    if covered:
-                        assert trust is not None and listed is not None
-                        names = _list_covered(chunk, prefix, trust.shares, trust.share, listed)
+                    if others is not None:
+                        assert listed is not None
+                        names = _list_covered(chunk, prefix, listed if trusted else None, others)
                     else:
                         names = [e.name for e in chunk]
                     _scan_names(names, prefix, fd, root, recursive, found, errors, stack)
@@ -219,20 +276,30 @@ def scan(
                         found.clear()
                         if listed is not None:
                             listed.clear()
+            if others is not None:
+                assert trust is not None
+                trust.remember(d, dst, others)
         except OSError:
+            if others is not None:
+                assert trust is not None
+                trust.remember(d, dst, None)
             continue
         finally:
             os.close(fd)
 
 
-def _list_covered(chunk: list[os.DirEntry[str]], prefix: str, shares: int, share: int, listed: set[str]) -> list[str]:
-    """Put the regular files outside ``share`` into ``listed``; return the names to stat."""
+def _list_covered(chunk: list[os.DirEntry[str]], prefix: str, listed: set[str] | None, others: list[str]) -> list[str]:
+    """Sort a covered directory's entries: the names that are not regular files go into ``others``; with
+    ``listed``, the regular files' paths go there (met without a stat). Return the names to stat."""
     names: list[str] = []
-    for e in chunk:  # the entry's type and inode come from the directory listing: no stat
-        if e.is_file(follow_symlinks=False) and e.inode() % shares != share:
-            if not e.name.startswith(".."):
+    for e in chunk:  # the entry's type comes from the directory listing: no stat
+        if e.is_file(follow_symlinks=False):
+            if listed is None:
+                names.append(e.name)
+            elif not e.name.startswith(".."):
                 listed.add(prefix + e.name)
         else:
+            others.append(e.name)
             names.append(e.name)
     return names
 

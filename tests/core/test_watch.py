@@ -214,12 +214,13 @@ async def wait_rescans(engine, count: int, covered: bool) -> None:
 async def start_on_one_file(local_dir, recorder_cls, start_reloader, full_rescan_interval: str):
     """A reloader rescanning every 100 ms over ``root`` holding a.conf (acknowledged); also a directory beside it."""
     root, elsewhere = local_dir / "root", local_dir / "elsewhere"
-    root.mkdir()
     elsewhere.mkdir()
+    root.mkdir()
+    spare = []
+    while os.stat(root).st_ino % 36_000 < 2_000:  # "1h" / 100 ms: not the directory's turn in the first 2,000 rescans
+        spare.append(root.rename(local_dir / f"spare-{len(spare)}"))
+        root.mkdir()
     (root / "a.conf").write_text("1")
-    while os.stat(root / "a.conf").st_ino % 36_000 < 2_000:  # "1h" / 100 ms: not in the first 2,000 rescans' share
-        (root / "a.tmp").write_text("1")
-        os.replace(root / "a.tmp", root / "a.conf")
     rec = recorder_cls([root])
     r = await start_reloader(rec, rescan_interval="100ms", full_rescan_interval=full_rescan_interval)
     await rec.wait_path(root / "a.conf")
@@ -228,8 +229,8 @@ async def start_on_one_file(local_dir, recorder_cls, start_reloader, full_rescan
 
 async def test_periodic_rescans_stat_only_their_share_of_watched_files(local_dir, recorder_cls, start_reloader):
     # The cost side of full_rescan_interval: in a directory a live watch has covered since the
-    # previous rescan, a periodic rescan stats only its share of the files (1 in 36,000 here) and
-    # lists the rest, so a change no watch can report waits for its file's turn.
+    # previous rescan, a periodic rescan stats the files only on the directory's turn (1 in 36,000
+    # rescans here), so a change no watch can report waits for that turn.
     r, rec, root, elsewhere = await start_on_one_file(local_dir, recorder_cls, start_reloader, "1h")
     write_unseen(root / "a.conf", elsewhere / "a", "rewritten")
     await wait_rescans(r.engine, 5, covered=True)

@@ -105,8 +105,8 @@ class Coverage:
     reloadd's inotify source adds a directory when its watch is armed and discards it when
     the watch goes (or the source stops). The engine's periodic rescans trust a directory
     only if the same arming already covered it when the previous rescan of every root
-    began (and it is on a local file system); they list such a directory and stat only
-    their share of its files. Sources read their events on the event loop, and so must
+    began (and it is on a local file system); they list such a directory only when its
+    names changed since, and stat its files only on its turn. Sources read their events on the event loop, and so must
     update this there.
     """
 

@@ -1,0 +1,116 @@
+"""A periodic rescan does not list a covered directory whose names cannot have changed.
+
+A directory's modification time moves with every name created, removed or renamed in it, so a
+covered directory whose times are those of its last listing holds the same names: the walk keeps
+only the names that are no regular file (stat-ed every time) and takes the listing as it was.
+What the walk must still do, and where it must not trust the memo, is asserted here on a real
+file system.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from reloadd._changes import View, diff
+from reloadd._filters import PathFilter
+from reloadd._packed import pack_record
+from reloadd._scan import Listing, Trust, local_devices, scan
+from reloadd._types import Fingerprint, PathRecord
+
+PAST = time.time() - 3600  # directory times an hour old: a listing of them is kept
+
+
+def age(*dirs: Path) -> None:
+    for d in dirs:
+        os.utime(d, (PAST, PAST))
+
+
+def walk(root: Path, listings: dict[str, Listing], turn: int | None = None) -> tuple[dict, set[str], Trust]:
+    """One covered walk of ``root`` (every directory taken as watched); ``turn``: the share that is due."""
+    dirs = frozenset(str(p) for p in [root, *root.rglob("*")] if p.is_dir() and not p.is_symlink())
+    shares = 1 << 20
+    turns = {os.stat(d).st_ino % shares for d in dirs}
+    share = turn if turn is not None else next(i for i in range(shares) if i not in turns)  # no directory's turn
+    trust = Trust(dirs, local_devices(), shares, share, listings)
+    found: dict = {}
+    listed: set[str] = set()
+    scan(str(root), str(root), True, found, {}, None, trust, listed)
+    return found, listed, trust
+
+
+def test_an_unchanged_directory_is_not_listed_again(tmp_path):
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    for i in range(5):
+        (root / f"{i}.conf").write_text("x")
+    (root / "sub" / "deep.conf").write_text("x")
+    os.symlink("0.conf", root / "link.conf")
+    age(root, root / "sub")
+    listings: dict[str, Listing] = {}
+
+    found, listed, trust = walk(root, listings)
+    assert trust.skipped == set()  # nothing kept yet: listed
+    assert {Path(p).name for p in listed} == {f"{i}.conf" for i in range(5)} | {"deep.conf"}
+    assert str(root) in listings and str(root / "sub") in listings
+
+    (root / "0.conf").write_text("changed in place: the directory's times do not move")
+    found, listed, trust = walk(root, listings)
+    assert trust.skipped == {str(root), str(root / "sub")}
+    assert listed == set()
+    # What is no regular file is looked at every time: the sub-directory is walked, the symlink probed.
+    assert str(root / "link.conf") in found
+    assert found[str(root / "link.conf")] == tuple(Fingerprint.from_stat(os.stat(root / "0.conf")))
+
+
+def test_a_name_created_or_removed_makes_the_directory_listed_again(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.conf").write_text("x")
+    age(root)
+    listings: dict[str, Listing] = {}
+    walk(root, listings)
+    (root / "b.conf").write_text("new")
+    _, listed, trust = walk(root, listings)
+    assert trust.skipped == set() and str(root / "b.conf") in listed
+    # Just changed: the kernel's coarse clock could give the next change the same time, so that
+    # listing is not kept and the next walk lists the directory again.
+    assert str(root) not in listings
+    (root / "a.conf").unlink()
+    _, listed, trust = walk(root, listings)
+    assert trust.skipped == set() and listed == {str(root / "b.conf")}
+
+
+def test_on_its_turn_a_directory_is_listed_and_every_file_stat_ed(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.conf").write_text("x")
+    age(root)
+    listings: dict[str, Listing] = {}
+    walk(root, listings)
+    found, listed, trust = walk(root, listings, turn=os.stat(root).st_ino % (1 << 20))
+    assert trust.skipped == set() and listed == set()
+    assert set(found) == {str(root / "a.conf")}
+
+
+def test_a_rescan_that_skips_a_directory_finds_no_record_gone_and_a_removal_once_listed(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    paths = [root / f"{i}.conf" for i in range(3)]
+    for p in paths:
+        p.write_text("x")
+    age(root)
+    records = {str(p): pack_record(PathRecord(Fingerprint.from_stat(os.stat(p)))) for p in paths}
+    listings: dict[str, Listing] = {}
+
+    def rescan() -> list[tuple[str, str, object]]:
+        view = View("c", PathFilter((root,)), {}, records, lambda key, default: default, lambda: ())
+        dirs = frozenset({str(root)})
+        share = (1 << 20, (os.stat(root).st_ino + 1) % (1 << 20))
+        return diff([(str(root), str(root), True)], [view], None, False, dirs, share, listings).observe
+
+    assert rescan() == []  # listed: every record met
+    assert rescan() == []  # not listed: its records are all there, none is judged gone
+    paths[0].unlink()
+    assert rescan() == [("c", str(paths[0]), None)]
