@@ -52,6 +52,7 @@ class Pending:
     verify: bool = False
     seen: object = UNSEEN  # Fingerprint | None at the previous probe (or a walk's stat), or UNSEEN
     events: int = 1
+    arrived: bool = False  # its only event so far: a complete file moved into place (due at once)
     queued: float | None = None  # when its one live heap entry falls due; None while out for a probe
 
 
@@ -147,6 +148,7 @@ class Aggregator:
         forced: bool = False,
         verify: bool = False,
         seen: object = UNSEEN,
+        arrived: bool = False,
     ) -> None:
         """Record an event for ``key``.
 
@@ -163,16 +165,19 @@ class Aggregator:
                 probes before hand-over.
             seen: What the observation saw of the path (a walk's stat): the first of those two
                 probes, for a path not held yet.
+            arrived: A complete file was moved into place (IN_MOVED_TO): when that is all that
+                happened to the path, it is due at once (no quiet period to wait out).
         """
         p = self._pending.get(key)
         if p is None:
             p = Pending(first=now, last=now, reason=reason, forced=forced, verify=verify,
-                        seen=seen if verify else UNSEEN)
+                        seen=seen if verify else UNSEEN, arrived=arrived and not verify)
             self._pending[key] = p
             self._per_consumer[key[0]] += 1
         else:
             self.coalesced += 1
             p.events += 1
+            p.arrived = False  # more happened to it: the quiet period as ever
             if not verify or writing is not None:
                 # A walk re-finding a held path says nothing new about its writer: only real
                 # events restart the quiet period (else slow rescans could hold it forever).
@@ -195,6 +200,8 @@ class Aggregator:
         t = self._timings.get(key[0], self._default)
         if p.writing:
             return min(p.last + t.max_delay, p.first + t.max_hold)  # an idle writer, or one that never closes
+        if p.arrived:
+            return p.last
         if p.verify:
             return p.last + t.quiet  # growth checks are not cut short (probed() bounds them by max_hold)
         return min(p.last + t.quiet, max(p.first + t.max_delay, p.last))
@@ -280,4 +287,5 @@ class Aggregator:
         p = self._pending.get(key)
         if p is not None:
             p.last = now
+            p.arrived = False
             self._push(key, p)

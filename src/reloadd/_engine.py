@@ -316,7 +316,8 @@ class Engine:
         path = ev.path if isinstance(ev.path, Path) else None
         for slot in self.slots.values():
             if key in slot.records.packed or slot.owns(key, path):  # a recorded path is the consumer's
-                self.agg.observe((slot.name, key), now, reason=Reason.INOTIFY, writing=writing)
+                self.agg.observe((slot.name, key), now, reason=Reason.INOTIFY, writing=writing,
+                                 arrived=ev.kind is EventKind.ARRIVED)
                 self.agg.coalesced += ev.folded  # folded by the source: coalesced all the same
 
     def _force(self, f: Force, now: float) -> None:
@@ -546,7 +547,7 @@ class Engine:
         return root if root is not None else Path(os.path.dirname(key[1]))
 
 
-_WRITING = {EventKind.WRITING: True, EventKind.WRITTEN: False, EventKind.GONE: False}
+_WRITING = {EventKind.WRITING: True, EventKind.WRITTEN: False, EventKind.ARRIVED: False, EventKind.GONE: False}
 _FILE_KINDS = frozenset(EventKind) - {EventKind.RESCAN, EventKind.SUBTREE, EventKind.DRIFTED, EventKind.RESYNC}
 
 

@@ -34,6 +34,22 @@ def test_quiet_period_restarts_on_each_event():
     assert len(a) == 0
 
 
+def test_a_file_moved_into_place_is_due_at_once_unless_more_happened_to_it():
+    a = agg()
+    a.observe(K, 1.0, reason=Reason.INOTIFY, writing=False, arrived=True)
+    assert a.due(1.0) == [K]  # complete as it arrived: no quiet period to wait out
+    a.requeue(K, 1.0)  # the probe could not decide: a quiet period as ever
+    assert a.due(1.1) == [] and a.due(1.2) == [K]
+    b = ("c", Path("/r/g"))
+    a.observe(b, 2.0, reason=Reason.INOTIFY, writing=False, arrived=True)
+    a.observe(b, 2.01, reason=Reason.INOTIFY, writing=None)  # then a chmod: wait for it to go quiet
+    assert a.due(2.1) == [] and a.due(2.21) == [b]
+    c = ("c", Path("/r/h"))
+    a.observe(c, 3.0, reason=Reason.INOTIFY, writing=True)
+    a.observe(c, 3.01, reason=Reason.INOTIFY, writing=False, arrived=True)  # written, then moved over it
+    assert a.due(3.1) == [] and a.due(3.21) == [c]
+
+
 def test_max_delay_caps_a_path_that_keeps_changing():
     a = agg()
     t = 0.0

@@ -26,7 +26,11 @@ class EventKind(enum.Enum):
     """A writer is at work on the file (IN_MODIFY): hold it."""
 
     WRITTEN = "written"
-    """A writer finished (IN_CLOSE_WRITE) or a complete file arrived (IN_MOVED_TO)."""
+    """A writer finished (IN_CLOSE_WRITE)."""
+
+    ARRIVED = "arrived"
+    """A complete file was moved into place (IN_MOVED_TO): if nothing else happened to the path since it
+    was last handed over, it is handed over at once, without waiting for a quiet period."""
 
     GONE = "gone"
     """The file was deleted or moved away."""

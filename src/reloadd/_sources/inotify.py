@@ -71,6 +71,7 @@ _SELF = int(Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.UNMOUNT)
 _ISDIR = int(Mask.ISDIR)
 _STRUCTURAL = int(Mask.CREATE | Mask.MOVED_TO | Mask.DELETE | Mask.MOVED_FROM)
 _DONE = int(Mask.CLOSE_WRITE | Mask.MOVED_TO)
+_ARRIVED = int(Mask.MOVED_TO)
 _GONE = int(Mask.DELETE | Mask.MOVED_FROM)
 _MODIFY = int(Mask.MODIFY)
 _CREATE = int(Mask.CREATE)
@@ -483,6 +484,8 @@ class InotifySource:
 
 def _kind_of(mask: int, before: object) -> object:
     """What a file event makes of a path that had ``before`` (a kind or ``_Created``) in this run."""
+    if mask & _ARRIVED:
+        return EventKind.ARRIVED
     if mask & _DONE:
         return EventKind.WRITTEN
     if mask & _GONE:
