@@ -221,8 +221,9 @@ def rescan_section(results: list[dict[str, Any]]) -> str:
         "",
         "Each row times `Engine.reconcile(None, Reason.RESCAN)` on an unchanged tree in which every file was "
         "acknowledged: full rescans (every file stat-ed), then periodic covered ones (a second Reloader with "
-        "inotify on and the default 60 s / 15 s cycle: a quarter of the watched files stat-ed, in turn, "
-        "`periodic=True`: the watched directory listed, no stat per file). "
+        "inotify on and the default 60 s / 15 s cycle, `periodic=True`: the files of a quarter of the watched "
+        "directories stat-ed, in turn; the others not listed, their names unchanged since their last listing; "
+        "so the cost varies from one rescan to the next with the files whose turn it is). "
         "CPU is `process_time` (all threads). \"Re-observed\" counts paths the rescan wrongly "
         "sent back to the aggregator, so it should be 0. \"Initial sync\" is the start-up pass that "
         "took in every file (wall time). \"Bare walk\" is `reloadd._scan.scan` alone over the same tree "
