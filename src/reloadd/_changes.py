@@ -130,6 +130,7 @@ class View:
     settling: Callable[[], Iterable[tuple[str, str]]]  # Aggregator.keys_snapshot: (consumer, path) settling
     prune_held: frozenset[str] = frozenset()  # removals held: looked at when found, not re-judged when missing
     guard: PruneGuard | None = None  # set on a walk of every root: its roots' identities are taken after it
+    pending: Callable[[], list[str]] = list  # WorkQueue.pending_additions: paths queued or in flight as files
     learned: dict[str, bool] = field(default_factory=dict)
 
     def owned(self, key: str) -> bool:
@@ -237,8 +238,10 @@ class _Compare:
         self.held = {key for name, key in view.settling() if name == view.name} | view.prune_held
         # The recorded paths under the scope, as the walk starts: one atomic copy of the keys (references,
         # not new strings), filtered once here so a path met on the walk costs one set lookup. A held
-        # removal is not counted: missing, it stays held; met, it is taken up through ``held``.
-        self.before = {key for key in list(view.records)
+        # removal is not counted: missing, it stays held; met, it is taken up through ``held``. A path
+        # queued or in flight as a file counts too: deleted while its removal event was lost (an
+        # overflow), it would be recorded after the walk for a file no longer there.
+        self.before = {key for key in [*view.records, *view.pending()]
                        if (key in self.roots or key.startswith(self.prefixes)) and key not in view.prune_held}
 
     def meets(self, top: str) -> bool:

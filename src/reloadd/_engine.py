@@ -28,6 +28,7 @@ from ._changes import CHANGED, UNREADABLE, View, diff, digest_all, steady
 from ._consumer import BaseConsumer, Consumer
 from ._drift import DriftBook
 from ._filters import PathFilter, under
+from ._item import path_of
 from ._queue import Item, WorkQueue
 from ._scan import DigestCache, Listing, Probe, probe
 from ._sources.base import Coverage, EventKind, SourceEvent
@@ -82,7 +83,7 @@ class Slot:
         if self._accepts_all:
             return True
         try:
-            return bool(self.consumer.accepts(path if path is not None else Path(key)))
+            return bool(self.consumer.accepts(path if path is not None else path_of(key)))  # no name interned
         except Exception as exc:  # a plugin bug must not stop the pump for everyone
             if key not in self._bad_accepts:
                 self._bad_accepts.add(key)
@@ -161,12 +162,15 @@ class Engine:
         self._tick = 0  # periodic rescans so far: which share of the covered directories the next one stats
         self._trusted: dict[str, int] | None = None  # the coverage as the last rescan of every root began
         self._listings: dict[str, Listing] = {}  # covered directories as a periodic rescan listed them
+        self._loss_waiting = False  # a source's loss of events is queued: its rescan goes before settling
         self._timers: set[asyncio.TimerHandle] = set()  # drift corrections waiting out their backoff
 
     # Input -----------------------------------------------------------------------
     def emit(self, event: SourceEvent | Force) -> None:
         """Queue an event for the pump (callable from sources and signal handlers)."""
         self.inbox.put_nowait(event)
+        if type(event) is SourceEvent and event.lost_at is not None:
+            self._loss_waiting = True
         self.on_change()
 
     def emit_all(self, events: list[SourceEvent]) -> None:
@@ -232,6 +236,7 @@ class Engine:
             self._timers.clear()
 
     async def _pump(self) -> None:
+        deferred = False  # the last turn put settling off for a rescan: the next one settles whatever comes
         while True:
             deadline = self.agg.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self.clock())
@@ -242,11 +247,15 @@ class Engine:
                 pass
             while not self.inbox.empty():
                 _take(events, self.inbox.get_nowait())
+            self._loss_waiting = False  # any loss queued so far is in ``events``
             self.busy = True
             try:
                 if events:
                     await self._process(events)
-                await self._settle_due()
+                # Events lost while that ran: their rescan goes first, settling waits one turn (not two).
+                deferred = self._loss_waiting and not deferred
+                if not deferred:
+                    await self._settle_due()
             finally:
                 self.busy = False
                 self.on_change()
@@ -400,7 +409,8 @@ class Engine:
                         jobs.append((str(root), str(root), s.filter.recursive))
         jobs = list(dict.fromkeys(jobs))
         views = [View(s.name, s.filter, s._owns, s.records.packed, s.queue.queued_fingerprint, self.agg.keys_snapshot,
-                       frozenset(s.queue.guard.held), s.queue.guard if tops is None else None)
+                       frozenset(s.queue.guard.held), s.queue.guard if tops is None else None,
+                       s.queue.pending_additions)
                  for s in slots]
         scopes = [str(t) for t in tops] if tops is not None else None
         covered: frozenset[str] | None = None

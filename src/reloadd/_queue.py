@@ -183,6 +183,13 @@ class WorkQueue:
         inflight = self._inflight.get(key)
         return inflight.fingerprint if inflight is not None else default
 
+    def pending_additions(self) -> list[str]:
+        """The paths queued or in flight with a fingerprint (not as removals).
+
+        Safe from the reconcile thread: each dict is copied in one C-level step.
+        """
+        return [k for k, i in [*list(self._items.items()), *list(self._inflight.items())] if i.fingerprint is not None]
+
     def counts(self) -> QueueCounts:
         """Waiting, in-flight, retrying and never-tried paths, and rejected records (cheap)."""
         failing = len(self._failing())

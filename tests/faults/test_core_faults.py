@@ -17,6 +17,7 @@ import pytest
 
 from reloadd import BaseConsumer, Batch, Change, ChangeKind, ConsumerContext, Fingerprint, Result
 from tests.daemon_config import hook_daemon_config
+from tests.faults.test_kernel_limits import sysctl
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(300)
@@ -117,12 +118,17 @@ def _rss_kb() -> int:
     return 0
 
 
-async def soak(tmp_path: Path, start_reloader, seconds: float, reliability) -> tuple[int, int]:
+async def soak(tmp_path: Path, start_reloader, seconds: float, reliability,
+               queue: int | None = None) -> tuple[int, int]:
     root = tmp_path / "root"
     root.mkdir()
     sentinel = root / "zz-sentinel"
     consumer = _SoakConsumer(root, sentinel)
-    r = await start_reloader(consumer, rescan_interval="2s")
+    if queue is None:
+        r = await start_reloader(consumer, rescan_interval="2s")
+    else:  # the kernel reads the limit when the watch is made; no periodic rescan comes to the rescue
+        with sysctl("fs.inotify.max_queued_events", queue):
+            r = await start_reloader(consumer, rescan_interval="1h")
     fds0, rss0 = len(os.listdir("/proc/self/fd")), _rss_kb()
     rss_warm = rss0
     rng = random.Random(7)
@@ -168,21 +174,31 @@ async def soak(tmp_path: Path, start_reloader, seconds: float, reliability) -> t
     delivered += sum(1 for p in gone if consumer.last[p].kind is ChangeKind.DELETED)
     expected = len(on_disk) + len(gone)
     lost = expected - delivered
+    overflows = r.engine.stats.overflows
     reliability.record(
-        f"soak {seconds:.0f}s, slowed consumer", trials=1, expected=expected, delivered=delivered,
-        duplicates=consumer.duplicates, lost=lost,
-        notes=f"{ops} ops; final states: {len(on_disk)} files on disk, {len(gone)} deleted; "
+        f"soak {seconds:.0f}s, slowed consumer" + (f", fs.inotify.max_queued_events={queue}" if queue else ""),
+        trials=1, expected=expected, delivered=delivered, duplicates=consumer.duplicates, lost=lost,
+        notes=f"{ops} ops, {overflows} overflow(s); final states: {len(on_disk)} files on disk, {len(gone)} deleted; "
               f"{consumer.delivered} deliveries in all; "
               f"RSS {rss0 // 1024}→{rss_warm // 1024} (warm)→{rss1 // 1024} MiB; fds {fds0}→{fds1}",
     )
     assert lost == 0
     assert consumer.duplicates == 0
     assert fds1 <= fds0 + 5
+    assert queue is None or overflows >= 10, "the small queue did not overflow: the test no longer tests it"
     return rss_warm, rss1
 
 
 async def test_soak_short(tmp_path, start_reloader, reliability):
     await soak(tmp_path, start_reloader, 8.0, reliability)
+
+
+async def test_soak_overflowing_queue(tmp_path, start_reloader, reliability):
+    # The same soak with a kernel queue of 16 events: it overflows a hundred times or more, and with no
+    # periodic rescan every final state must come from the overflow rescans. A file whose addition was in
+    # flight when a rescan began, deleted with its event lost, used to be recorded as present until the
+    # next periodic rescan.
+    await soak(tmp_path, start_reloader, 8.0, reliability, queue=16)
 
 
 @pytest.mark.slow

@@ -315,7 +315,13 @@ class InotifySource:
         self._report()
 
     def _recover(self) -> None:
-        """Events were lost: re-arm every root (directories made meanwhile are unwatched), then rescan.
+        """Events were lost: rescan at once, re-arm every root, and look again at directories armed anew.
+
+        The rescan of every root is asked for first, so it starts while the watches are re-armed
+        (a directory made while events were lost has none yet). Each directory the re-arm had to
+        watch anew is then handed over as a subtree, walked again now that its watch reports
+        what changes in it: a file made there after the rescan passed and before the watch
+        existed is found by that walk.
 
         Runs beside the reader, not in it: a reader waiting for the re-arm lets the
         kernel queue overflow again, and a burst turns into a chain of overflows. Lost
@@ -332,9 +338,15 @@ class InotifySource:
         again = True
         while again:
             self._recover_again = False
-            await self._arm_all()
             lost_at, self._lost_at = self._lost_at, None
             self.ctx.emit(SourceEvent(EventKind.RESCAN, None, self.name, lost_at=lost_at))
+            watched = {p: ino for p, (_, ino) in self._by_path.items()}
+            await self._arm_all()
+            tops: list[Path] = []  # the directories watched anew (or a new one under the same name), outermost
+            for p in sorted(p for p, (_, ino) in self._by_path.items() if watched.get(p) != ino):
+                if not (tops and under(p, tops[-1])):  # sorted by parts: what lies under a directory follows it
+                    tops.append(p)
+                    self._emit(EventKind.SUBTREE, p)
             again = self._recover_again
 
     async def _handle_buffer(self, data: bytes) -> None:

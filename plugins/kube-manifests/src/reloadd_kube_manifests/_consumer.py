@@ -98,6 +98,15 @@ _MAX_HELD_EVENTS = 20
 """Parents that get a Warning Event when removals are held at once (the rest are in the log line)."""
 
 
+def _marked(path: Path) -> bool:
+    """Whether ``path`` has a ``.skip`` marker beside it.
+
+    No ``Path`` is built for the marker: pathlib interns every name it parses, and the interpreter's
+    table of interned strings, grown by 10,000 names once, stays that size.
+    """
+    return os.path.exists(os.fspath(path) + SKIP_SUFFIX)
+
+
 class _WatchFactory:
     """Builds the consumer's ``kube-watch`` source (the core calls it after the consumer started)."""
 
@@ -469,7 +478,7 @@ class KubeManifestsConsumer(BaseConsumer):
             target = c.path.with_suffix("") if c.path.suffix.lower() == SKIP_SUFFIX else c.path
             if target.exists() or target in self.ctx.records:
                 paths.setdefault(target, c if target == c.path else Change(target, ChangeKind.MODIFIED, None))
-        removals = [p for p in paths if not p.exists() or p.with_name(p.name + SKIP_SUFFIX).exists()]
+        removals = [p for p in paths if not p.exists() or _marked(p)]
         manifests: dict[Path, Manifest] = {}
         refused: dict[Path, list[PlannedChange]] = {}
         for path, change in paths.items():
@@ -535,7 +544,7 @@ class KubeManifestsConsumer(BaseConsumer):
 
     async def _one_file(self, applier: Applier, change: Change, claimed: set[ObjRef], *, drift: bool) -> Result:
         path = change.path
-        skipped = change.kind is not ChangeKind.DELETED and path.with_name(path.name + SKIP_SUFFIX).exists()
+        skipped = change.kind is not ChangeKind.DELETED and _marked(path)
         if change.kind is not ChangeKind.DELETED:
             self._moves.done(path)  # back (or a .skip beside it): no removal waits any more
         elif not change.prune_confirmed and (wait := await self._move_wait(applier, path, claimed)) > 0:
