@@ -101,8 +101,7 @@ _MAX_HELD_EVENTS = 20
 def _marked(path: Path) -> bool:
     """Whether ``path`` has a ``.skip`` marker beside it.
 
-    No ``Path`` is built for the marker: pathlib interns every name it parses, and the interpreter's
-    table of interned strings, grown by 10,000 names once, stays that size.
+    No ``Path`` is built for the marker (one per file of every batch): pathlib interns every name it parses.
     """
     return os.path.exists(os.fspath(path) + SKIP_SUFFIX)
 
