@@ -165,9 +165,12 @@ class WorkQueue:
         """Seconds the oldest waiting path has waited (0 when none).
 
         Paths the consumer deferred on purpose (``Retry(failure=False)``: a move grace, a standby waiting
-        for the Lease) are not waiting on reloadd, so they do not count: a standby stays ready.
+        for the Lease) are not waiting on reloadd, so they do not count: a standby stays ready. A retry in
+        flight still counts (it has failed, and may again): readiness does not flap with every attempt.
         """
-        waiting = [i.since for i in self._items.values() if i.deferred is None or i.last_error is not None]
+        retrying = [i for i in list(self._inflight.values()) if i.last_error is not None]
+        waiting = [i.since for i in [*self._items.values(), *retrying]
+                   if i.deferred is None or i.last_error is not None]
         if not waiting:
             return 0.0
         return max(0.0, self._clock() - min(waiting))

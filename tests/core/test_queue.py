@@ -38,6 +38,27 @@ async def test_failed_path_retried_without_holding_back_others(tmp_path, recorde
     assert r.status()["consumers"]["rec"]["failing"] == []
 
 
+async def test_a_failing_path_counts_as_waiting_while_its_retry_is_in_flight(tmp_path, recorder_cls,
+                                                                            start_reloader):
+    # Readiness (ready_max_age) is the age of the oldest waiting path: a path stuck failing must not
+    # leave it for the duration of each retry, or /readyz flaps to 200 with every attempt.
+    root = tmp_path / "root"
+    root.mkdir()
+    rec = recorder_cls([root])
+    rec.results = lambda change: Retry("service unavailable")
+    r = await start_reloader(rec)
+    queue = r.engine.slots["rec"].queue
+    queue._delay = lambda attempt: 0.5  # retries come quickly for the test
+    (root / "bad.conf").write_text("b")
+    await rec.wait_path(root / "bad.conf")
+    rec.gate = asyncio.Event()  # the next attempt stays in flight
+    rec.entered.clear()
+    await asyncio.wait_for(rec.entered.wait(), 10)
+    assert queue._inflight and not queue._items
+    assert queue.oldest_age() > 0.4  # waiting since its first attempt, though in flight now
+    rec.gate.set()
+
+
 async def test_rejected_path_not_retried_until_it_changes(tmp_path, recorder_cls, start_reloader):
     root = tmp_path / "root"
     root.mkdir()
