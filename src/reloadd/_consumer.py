@@ -244,6 +244,10 @@ class BaseConsumer:
 
     content_digest: bool = True
     concurrency: int = 1
+    arrival_at_once: bool = False
+    """Hand over a complete file moved into a root (``EventKind.ARRIVED``) without waiting for ``quiet``, when
+    nothing else happened to it: for files that stand alone (image archives), not for files that go together
+    (a key and its certificate, manifests renamed in one after another), which the quiet period gathers."""
     removal_unit: str = "files"
     name_path_in_errors: bool = False
     """Start the error of a path whose handling raised with the path itself (see :func:`reloadd.result_of`)."""

@@ -163,6 +163,7 @@ class Engine:
         self._trusted: dict[str, int] | None = None  # the coverage as the last rescan of every root began
         self._listings: dict[str, Listing] = {}  # covered directories as a periodic rescan listed them
         self._loss_waiting = False  # a source's loss of events is queued: its rescan goes before settling
+        self._at_once = frozenset(s.name for s in slots if getattr(s.consumer, "arrival_at_once", False))
         self._timers: set[asyncio.TimerHandle] = set()  # drift corrections waiting out their backoff
 
     # Input -----------------------------------------------------------------------
@@ -326,7 +327,7 @@ class Engine:
         for slot in self.slots.values():
             if key in slot.records.packed or slot.owns(key, path):  # a recorded path is the consumer's
                 self.agg.observe((slot.name, key), now, reason=Reason.INOTIFY, writing=writing,
-                                 arrived=ev.kind is EventKind.ARRIVED)
+                                 arrived=ev.kind is EventKind.ARRIVED and slot.name in self._at_once)
                 self.agg.coalesced += ev.folded  # folded by the source: coalesced all the same
 
     def _force(self, f: Force, now: float) -> None:

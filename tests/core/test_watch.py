@@ -249,19 +249,25 @@ async def test_a_change_no_watch_reports_is_found_within_full_rescan_interval(lo
 
 async def test_a_file_moved_into_the_folder_is_handed_over_without_the_quiet_wait(tmp_path, recorder_cls,
                                                                                    start_reloader):
-    # Renaming a finished file into the folder is how a complete file is published: there is nothing to
-    # wait for. A file written in place still waits out ``quiet`` (30 s here, far beyond the 10 s allowed).
-    root, staging = tmp_path / "root", tmp_path / "staging"
-    root.mkdir()
-    staging.mkdir()
-    rec = recorder_cls([root])
-    await start_reloader(rec, quiet="30s", max_delay="60s")
+    # Renaming a finished file into the folder is how a complete file is published: for a consumer whose
+    # files stand alone (arrival_at_once) there is nothing to wait for. A file written in place still waits
+    # out ``quiet`` (30 s here, far beyond the 10 s allowed), and so does a renamed file for a consumer
+    # without it (files that go together, gathered by the quiet period).
+    root, other, staging = tmp_path / "root", tmp_path / "other", tmp_path / "staging"
+    for d in (root, other, staging):
+        d.mkdir()
+    rec = recorder_cls([root], arrival_at_once=True)
+    together = recorder_cls([other], name="together")
+    await start_reloader(rec, together, quiet="30s", max_delay="60s")
     (staging / "a.conf").write_text("complete")
     os.rename(staging / "a.conf", root / "a.conf")
+    (staging / "c.conf").write_text("complete too")
+    os.rename(staging / "c.conf", other / "c.conf")
     await rec.wait_path(root / "a.conf", timeout=10)
     (root / "b.conf").write_text("written in place")
     await asyncio.sleep(2)
     assert rec.changes_for(root / "b.conf") == []
+    assert together.changes_for(other / "c.conf") == []
 
 
 async def test_pump_failure_is_restarted_and_nothing_lost(tmp_path, recorder_cls, start_reloader, caplog):

@@ -29,8 +29,8 @@ class EventKind(enum.Enum):
     """A writer finished (IN_CLOSE_WRITE)."""
 
     ARRIVED = "arrived"
-    """A complete file was moved into place (IN_MOVED_TO): if nothing else happened to the path since it
-    was last handed over, it is handed over at once, without waiting for a quiet period."""
+    """A complete file was moved into place (IN_MOVED_TO): for a consumer with ``arrival_at_once``, if nothing
+    else happened to the path since it was last handed over, it is handed over without waiting for ``quiet``."""
 
     GONE = "gone"
     """The file was deleted or moved away."""

@@ -73,6 +73,7 @@ class ContainerdImagesConsumer(BaseConsumer):
     """
 
     content_digest = False  # multi-GB tarballs: stat identity is enough
+    arrival_at_once = True  # an archive renamed into the folder is complete and stands alone: no quiet wait
     removal_unit = "images"  # what a held removal (prune safety) would unpin or remove
     name_path_in_errors = True  # an error names the archive or list it is about, wherever it is read
 
