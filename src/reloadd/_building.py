@@ -181,6 +181,11 @@ def embedded_config(consumer: Consumer) -> ConsumerConfig:
     )
 
 
+def arrives_at_once(consumer: Consumer) -> bool:
+    """Whether ``consumer`` hands over a file moved into place at once (``BaseConsumer.arrival_at_once``)."""
+    return bool(getattr(consumer, "arrival_at_once", False))
+
+
 def group_function(consumer: Consumer) -> Callable[[Path], str | None] | None:
     """An embedder's callable ``group`` (:class:`~reloadd.Tunable`), if it declared one."""
     group = getattr(consumer, "group", None)

@@ -25,6 +25,7 @@ from ._building import (
     PrivateDirs,
     RemovalHeld,
     Trigger,
+    arrives_at_once,
     bind,
     build_consumer,
     embedded_config,
@@ -273,7 +274,8 @@ class Reloader:
         for slot in slots:
             await asyncio.to_thread(slot.queue.guard.load)
         self._engine = engine = Engine(slots, agg, clock=self._clock, on_change=self._notify,
-                                       full_rescan_every=self.config.full_rescan_every)
+                                       full_rescan_every=self.config.full_rescan_every,
+                                       at_once=frozenset(s.name for s in slots if arrives_at_once(s.consumer)))
         for slot in slots:
             try:
                 await slot.consumer.start()
