@@ -201,8 +201,10 @@ async def _pump(stream: Any, recv: Any, source: ChunkSource, state: dict[str, An
     finally:
         if not rtask.done():
             rtask.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await rtask
+        # Always collect the receiver: when the send side fails first (the connection lost), its error would
+        # otherwise be logged later as "Task exception was never retrieved".
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await rtask
     return offset
 
 
