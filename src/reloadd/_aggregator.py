@@ -38,6 +38,8 @@ class Timing:
     quiet: float = 0.2
     max_delay: float = 5.0
     max_hold: float = 60.0
+    at_once: bool = False
+    """A file moved into place (and nothing else happened to it) is due at once (``arrival_at_once``)."""
 
 
 @dataclass(slots=True)
@@ -52,7 +54,7 @@ class Pending:
     verify: bool = False
     seen: object = UNSEEN  # Fingerprint | None at the previous probe (or a walk's stat), or UNSEEN
     events: int = 1
-    arrived: bool = False  # its only event so far: a complete file moved into place (due at once)
+    arrived: bool = False  # its only event so far: a complete file moved into place
     queued: float | None = None  # when its one live heap entry falls due; None while out for a probe
 
 
@@ -166,7 +168,8 @@ class Aggregator:
             seen: What the observation saw of the path (a walk's stat): the first of those two
                 probes, for a path not held yet.
             arrived: A complete file was moved into place (IN_MOVED_TO): when that is all that
-                happened to the path, it is due at once (no quiet period to wait out).
+                happened to the path and its consumer's timing says ``at_once``, it is due at once
+                (no quiet period to wait out).
         """
         p = self._pending.get(key)
         if p is None:
@@ -200,7 +203,7 @@ class Aggregator:
         t = self._timings.get(key[0], self._default)
         if p.writing:
             return min(p.last + t.max_delay, p.first + t.max_hold)  # an idle writer, or one that never closes
-        if p.arrived:
+        if p.arrived and t.at_once:
             return p.last
         if p.verify:
             return p.last + t.quiet  # growth checks are not cut short (probed() bounds them by max_hold)

@@ -130,7 +130,6 @@ class Engine:
         aggregator: The aggregator (timings per consumer already set).
         clock: Monotonic clock.
         on_change: Called after every step (idle tracking).
-        at_once: Consumers with ``arrival_at_once`` (a file moved into place is due at once).
         full_rescan_every: Periodic rescans over which every file is stat-ed once: each
             stats what :attr:`coverage` does not vouch for, plus the files of this share of
             the directories it does (1: every rescan stats every file).
@@ -144,7 +143,6 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] = lambda: None,
         full_rescan_every: int = 1,
-        at_once: frozenset[str] = frozenset(),
     ) -> None:
         self.slots = {s.name: s for s in slots}
         self.agg = aggregator
@@ -165,7 +163,6 @@ class Engine:
         self._trusted: dict[str, int] | None = None  # the coverage as the last rescan of every root began
         self._listings: dict[str, Listing] = {}  # covered directories as a periodic rescan listed them
         self._loss_waiting = False  # a source's loss of events is queued: its rescan goes before settling
-        self._at_once = at_once  # consumers whose files moved into place need no quiet period (arrival_at_once)
         self._timers: set[asyncio.TimerHandle] = set()  # drift corrections waiting out their backoff
 
     # Input -----------------------------------------------------------------------
@@ -326,10 +323,10 @@ class Engine:
         writing = _WRITING.get(ev.kind)
         key = os.fspath(ev.path)
         path = ev.path if isinstance(ev.path, Path) else None
+        arrived = ev.kind is EventKind.ARRIVED
         for slot in self.slots.values():
             if key in slot.records.packed or slot.owns(key, path):  # a recorded path is the consumer's
-                self.agg.observe((slot.name, key), now, reason=Reason.INOTIFY, writing=writing,
-                                 arrived=ev.kind is EventKind.ARRIVED and slot.name in self._at_once)
+                self.agg.observe((slot.name, key), now, reason=Reason.INOTIFY, writing=writing, arrived=arrived)
                 self.agg.coalesced += ev.folded  # folded by the source: coalesced all the same
 
     def _force(self, f: Force, now: float) -> None:

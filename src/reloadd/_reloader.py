@@ -263,19 +263,20 @@ class Reloader:
         check_after({c.name: conf.after for c, _, conf in built}, str(cfg.source or "<config>"))
         agg = Aggregator(default=Timing(cfg.quiet, cfg.max_delay, max(cfg.max_hold, cfg.max_delay)))
         for consumer, _, conf in built:
-            if conf.quiet is not None or conf.max_delay is not None or conf.max_hold is not None:
+            at_once = arrives_at_once(consumer)
+            if conf.quiet is not None or conf.max_delay is not None or conf.max_hold is not None or at_once:
                 max_delay = conf.max_delay if conf.max_delay is not None else cfg.max_delay
                 agg.set_timing(consumer.name, Timing(
                     conf.quiet if conf.quiet is not None else cfg.quiet,
                     max_delay,
                     max(conf.max_hold if conf.max_hold is not None else cfg.max_hold, max_delay),  # never below
+                    at_once,
                 ))
         slots = [self._slot(c, r, cc) for c, r, cc in built]
         for slot in slots:
             await asyncio.to_thread(slot.queue.guard.load)
         self._engine = engine = Engine(slots, agg, clock=self._clock, on_change=self._notify,
-                                       full_rescan_every=self.config.full_rescan_every,
-                                       at_once=frozenset(s.name for s in slots if arrives_at_once(s.consumer)))
+                                       full_rescan_every=self.config.full_rescan_every)
         for slot in slots:
             try:
                 await slot.consumer.start()

@@ -35,7 +35,7 @@ def test_quiet_period_restarts_on_each_event():
 
 
 def test_a_file_moved_into_place_is_due_at_once_unless_more_happened_to_it():
-    a = agg()
+    a = Aggregator(default=Timing(quiet=0.2, max_delay=5.0, at_once=True))
     a.observe(K, 1.0, reason=Reason.INOTIFY, writing=False, arrived=True)
     assert a.due(1.0) == [K]  # complete as it arrived: no quiet period to wait out
     a.requeue(K, 1.0)  # the probe could not decide: a quiet period as ever
@@ -48,6 +48,12 @@ def test_a_file_moved_into_place_is_due_at_once_unless_more_happened_to_it():
     a.observe(c, 3.0, reason=Reason.INOTIFY, writing=True)
     a.observe(c, 3.01, reason=Reason.INOTIFY, writing=False, arrived=True)  # written, then moved over it
     assert a.due(3.1) == [] and a.due(3.21) == [c]
+
+
+def test_a_file_moved_into_place_waits_the_quiet_period_for_a_consumer_without_at_once():
+    a = agg()  # files that go together (a key and its certificate) are gathered by the quiet period
+    a.observe(K, 1.0, reason=Reason.INOTIFY, writing=False, arrived=True)
+    assert a.due(1.1) == [] and a.due(1.2) == [K]
 
 
 def test_max_delay_caps_a_path_that_keeps_changing():
