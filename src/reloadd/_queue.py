@@ -39,6 +39,7 @@ _BATCH = 512  # paths a batch starts at
 _BATCH_MAX = 8192  # paths a batch grows to at most for a fast consumer with a backlog
 _FAST = 0.05  # seconds: a full batch handled this fast doubles the next ones
 _SLOW = 1.0  # seconds: a batch this slow halves them
+_HOLDS_EVERY = 1.0  # seconds: the held removals' file is rewritten at most this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +139,7 @@ class WorkQueue:
         """Held removals: persisted, listed in status, run only when confirmed."""
         self._held = HeldRemovals(consumer, self.guard, self._recs, self._persist_soon, on_change)
         self._persist_pending = False
+        self._holds_written = float("-inf")  # when prune.json was last written (monotonic)
         self.drift = drift
 
     # Inspection ------------------------------------------------------------------
@@ -275,7 +277,9 @@ class WorkQueue:
             self._persist_pending = True
             self._held.spawn(self._persist())
 
-    async def _persist(self) -> None:
+    async def _persist(self, delay: float = 0.0) -> None:
+        if delay:
+            await asyncio.sleep(delay)
         self._persist_pending = False  # a hold made while this flush runs schedules another
         await self.flush()
 
@@ -589,8 +593,14 @@ class WorkQueue:
             item.last_error = f"invalid result {result!r}"
             self._items.setdefault(path, item)
 
-    async def flush(self) -> None:
-        """Persist buffered record changes (written off the event loop, from a copy taken on it)."""
+    async def flush(self, *, final: bool = False) -> None:
+        """Persist buffered record changes (written off the event loop, from a copy taken on it).
+
+        The held removals (``prune.json``, the whole table each time) are written at most once per
+        :data:`_HOLDS_EVERY` seconds, the last change always (a later flush, or ``final``): 100k removals
+        held during a burst are not rewritten after every batch. What a crash loses of them is judged again
+        at the next start, from the records, which are durable here.
+        """
         async with self._flush_lock:
             job = self.records.prepare()
             if job is not None:
@@ -599,9 +609,16 @@ class WorkQueue:
                 except StateError as exc:
                     self.records.failed(job)
                     log.error("Failed to persist state of consumer %s: %s", self.consumer.name, exc)
-            if self.records.persistent:
+            if self.records.persistent and self.guard.dirty:
+                wait = self._holds_written + _HOLDS_EVERY - time.monotonic()
+                if wait > 0 and not final:
+                    if not self._persist_pending:
+                        self._persist_pending = True
+                        self._held.spawn(self._persist(wait))
+                    return
                 holds = self.guard.prepare()
                 if holds is not None:
+                    self._holds_written = time.monotonic()
                     try:
                         await asyncio.to_thread(self.guard.write, holds)
                     except StateError as exc:
@@ -624,7 +641,7 @@ class WorkQueue:
                     len(pending), self.consumer.name, grace,
                 )
                 await asyncio.gather(*pending, return_exceptions=True)
-        await self.flush()
+        await self.flush(final=True)
 
 
 def _on_thread_of(loop: asyncio.AbstractEventLoop) -> bool:

@@ -229,3 +229,45 @@ async def test_confirm_prune_without_a_control_socket_says_so(tmp_path):
     out = subprocess.run([sys.executable, "-m", "reloadd", "reload", "--confirm-prune", "--config", str(cfg)],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 1 and "control_socket" in out.stderr
+
+
+def test_an_emptied_root_still_counts_recorded_files_the_consumer_no_longer_takes(tmp_path):
+    """Files left that the filter no longer takes (renamed ``.skip``, say) make the deletion an edit, not a loss;
+    the guard sees them from the listing it made, also in a sub-directory, and probes only unlisted places."""
+    from reloadd._filters import PathFilter
+    from reloadd._prune import PruneGuard
+
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    names = [root / "a.conf", root / "sub" / "b.conf", root / "sub" / "c.conf"]
+    records = {str(p): b"" for p in names}
+    guard = PruneGuard(PathFilter((root,)), records, owned=lambda key: False, directory=None)
+    names[1].write_text("left, not taken")
+    assert guard.verdict(str(root)) is None
+    names[1].unlink()
+    assert guard.verdict(str(root)) == f"every file under root {root} went at once"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "d.conf").write_text("reached through a link the walk does not follow")
+    (root / "link").symlink_to(elsewhere)
+    records[str(root / "link" / "d.conf")] = b""  # in a directory the walk did not list: probed
+    assert guard.verdict(str(root)) is None
+
+
+def test_a_held_removal_whose_record_is_gone_is_not_loaded_again(tmp_path):
+    """A crash after a hold ended (its record's removal durable) but before ``prune.json`` was rewritten."""
+    from reloadd._filters import PathFilter
+    from reloadd._prune import PruneGuard
+
+    root = tmp_path / "root"
+    root.mkdir()
+    records = {str(root / "a"): b"", str(root / "b"): b""}
+    guard = PruneGuard(PathFilter((root,)), records, owned=lambda key: True, directory=tmp_path)
+    for key in records:
+        guard.hold(key, "root gone")
+    guard.write(guard.prepare())
+    del records[str(root / "b")]
+    again = PruneGuard(PathFilter((root,)), records, owned=lambda key: True, directory=tmp_path)
+    again.load()
+    assert set(again.held) == {str(root / "a")}
+    assert again.dirty  # written without it at the next flush
