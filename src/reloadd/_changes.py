@@ -18,6 +18,7 @@ which read the file system through :mod:`reloadd._scan` (blocking: run them in a
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -149,6 +150,13 @@ class Diff:
     stat as the first of the two equal probes a path found by a walk must show (:func:`steady`)."""
     errors: list[tuple[str, str]] = field(default_factory=list)
     roots: dict[str, dict[str, RootId]] = field(default_factory=dict)  # per consumer, after a complete walk
+    stopped: bool = False
+    """The walk was stopped before its end: ``observe`` holds what it met until then, and no path is judged
+    gone (that needs the whole tree)."""
+
+
+class _Stopped(Exception):
+    """Raised through the walk when its ``stop`` is set."""
 
 
 def diff(
@@ -159,6 +167,7 @@ def diff(
     covered: frozenset[str] | None = None,
     share: tuple[int, int] = (1, 0),
     listings: dict[str, Listing] | None = None,
+    stop: threading.Event | None = None,
 ) -> Diff:
     """Walk and compare with each consumer's acknowledged fingerprints (blocking).
 
@@ -173,6 +182,9 @@ def diff(
     scope) before the walk was met on it, none is gone; otherwise (rare: a delete
     inotify did not report, or one still being handled) the tree's paths are listed
     once more to name them.
+
+    With ``stop``, the walk ends at its next chunk once the event is set: the result holds what
+    it met (``Diff.stopped``).
     """
     errors: dict[str, str] = {}
     tops = [top for top, _, _ in jobs]
@@ -188,11 +200,19 @@ def diff(
         def sink(found: Found, listed: set[str], mine: list[_Compare] = mine) -> None:
             for c in mine:
                 c.take(found, listed)
+            if stop is not None and stop.is_set():
+                raise _Stopped
 
         found: Found = {}
         listed: set[str] = set()
-        scan(top, root, recursive, found, errors, sink, trust, listed)
-        sink(found, listed)
+        try:
+            scan(top, root, recursive, found, errors, sink, trust, listed)
+            sink(found, listed)
+        except _Stopped:
+            out = Diff(stopped=True)
+            for c in compares:
+                out.observe.extend((c.view.name, key, seen) for key, seen in c.observe.items())
+            return out
     skipped = trust.skipped if trust is not None else set()
     out = Diff()
     warned: set[str] = set()

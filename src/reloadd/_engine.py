@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -43,6 +44,7 @@ log = logging.getLogger("reloadd.engine")
 _OFFLOAD = 64  # probes beyond this many go to a worker thread
 _STEP = 4096  # keys settled, or observed after a walk, per turn of the event loop
 _OWNS_CACHE = 1 << 15  # memoised filter verdicts; recorded paths never need one
+_RESTARTS = 3  # walks in a row a newer loss may stop (then one runs to its end: deletions need a whole walk)
 
 
 @dataclass
@@ -120,6 +122,8 @@ class EngineStats:
     handed_over: int = 0
     recovery_delay: float | None = None
     """Seconds from the last loss of events (an inotify overflow) to the start of its rescan."""
+    restarted_rescans: int = 0
+    """Walks of every root stopped part-way for a newer loss of events, whose rescan started at once."""
 
 
 class Engine:
@@ -163,6 +167,8 @@ class Engine:
         self._trusted: dict[str, int] | None = None  # the coverage as the last rescan of every root began
         self._listings: dict[str, Listing] = {}  # covered directories as a periodic rescan listed them
         self._loss_waiting = False  # a source's loss of events is queued: its rescan goes before settling
+        self._walk_stop: threading.Event | None = None  # set to stop the walk of every root running now
+        self._restarts = 0  # walks of every root stopped in a row (bounded by _RESTARTS)
         self._timers: set[asyncio.TimerHandle] = set()  # drift corrections waiting out their backoff
 
     # Input -----------------------------------------------------------------------
@@ -171,6 +177,10 @@ class Engine:
         self.inbox.put_nowait(event)
         if type(event) is SourceEvent and event.lost_at is not None:
             self._loss_waiting = True
+            if self._walk_stop is not None and self._restarts < _RESTARTS:
+                # A walk running now may have passed where events were just lost: it stops at its next
+                # chunk (what it met is kept) and the new loss's walk starts at once, not after it.
+                self._walk_stop.set()
         self.on_change()
 
     def emit_all(self, events: list[SourceEvent]) -> None:
@@ -424,7 +434,22 @@ class Engine:
                 share = (self.full_rescan_every, self._tick % self.full_rescan_every)
                 self._tick += 1
         started = time.perf_counter()
-        found = await asyncio.to_thread(diff, jobs, views, scopes, forced, covered, share, self._listings)
+        # A walk of every root may be stopped for a newer loss (not the start-up pass: readiness waits for its end).
+        stoppable = tops is None and only is None and not forced and reason is not Reason.STARTUP
+        stop = threading.Event() if stoppable else None
+        self._walk_stop = stop
+        try:
+            found = await asyncio.to_thread(diff, jobs, views, scopes, forced, covered, share, self._listings, stop)
+        finally:
+            self._walk_stop = None
+        if found.stopped:
+            self._restarts += 1
+            self.stats.restarted_rescans += 1
+            now_covered = None  # not every directory was walked: trust nothing new
+            if covered is not None:
+                self._tick -= 1  # its share of the stat rotation was not done: the next periodic walk does it
+        elif stop is not None:
+            self._restarts = 0
         if now_covered is not None:
             self._trusted = now_covered  # this walk stat-ed whole every directory it did not trust
             for d in [d for d in self._listings if d not in now_covered]:

@@ -86,19 +86,19 @@ class PathFilter:
 
     def matches(self, path: str) -> bool:
         """:meth:`__call__` for a path string (absolute, normalised): no ``Path`` is built."""
-        best = self.root_of(path)
-        if best is None:
+        for root, prefix, _ in self._table:
+            if path == root:
+                return True  # a file root is always wanted
+            if path.startswith(prefix):
+                break
+        else:
             return False
-        root = str(best)
-        if path == root:
-            return True  # a file root is always wanted
         rel = path[len(root):].lstrip("/")
-        parts = rel.split("/")
-        if not self.recursive and len(parts) > 1:
+        if not self.recursive and "/" in rel:
             return False
-        if any(is_kubelet_internal(p) for p in parts):
-            return False
-        name = parts[-1]
+        if rel.startswith("..") or "/.." in rel:
+            return False  # a part of it is kubelet's bookkeeping (see is_kubelet_internal)
+        name = rel.rpartition("/")[2]
         if self.ignore_defaults and is_editor_dropping(name):
             return False
         if self.include and not _matches(self.include, rel, name):

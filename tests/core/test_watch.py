@@ -118,6 +118,52 @@ async def test_overflow_loses_nothing(tmp_path, recorder_cls, start_reloader):
         assert rec.changes_for(p)[-1].fingerprint is not None
 
 
+async def test_a_loss_during_a_walk_stops_it_and_the_new_walk_finds_everything(
+        tmp_path, recorder_cls, start_reloader, monkeypatch):
+    """Events lost while a walk of every root runs (an overflow in a storm): that walk may already have
+    passed where they were lost, so it stops at its next chunk and the loss's own walk starts at once,
+    instead of after it. What the stopped walk met is kept; what it could not judge (a deletion needs the
+    whole tree) the new walk does. Without inotify, only walks see changes here."""
+    import threading
+
+    import reloadd._changes
+    from reloadd._sources.base import EventKind, SourceEvent
+
+    root = tmp_path / "root"
+    root.mkdir()
+    files = [root / f"f{i}.conf" for i in range(6)]
+    for f in files:
+        f.write_text("v1")
+    rec = recorder_cls([root])
+    r = await start_reloader(rec, inotify=False, rescan_interval="1h")
+    await rec.wait_for(lambda got: set(files) <= {c.path for c in got.changes}, timeout=10)
+    entered, release = threading.Event(), threading.Event()
+    real, calls = reloadd._changes.scan, []
+
+    def held_walk(*args, **kwargs):  # the first walk is held at its start until the test has lost events
+        if not calls:
+            calls.append(1)
+            entered.set()
+            release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reloadd._changes, "scan", held_walk)
+    eng = r.engine
+    walks = eng.stats.rescans
+    eng.emit(SourceEvent(EventKind.RESCAN, None, "inotify", lost_at=time.monotonic()))
+    assert await asyncio.to_thread(entered.wait, 10)
+    files[0].unlink()  # its event lost with the rest
+    files[1].write_text("v2, longer")
+    eng.emit(SourceEvent(EventKind.RESCAN, None, "inotify", lost_at=time.monotonic()))
+    release.set()
+    await rec.wait_for(lambda got: any(c.kind is ChangeKind.DELETED for c in got.changes_for(files[0]))
+                       and got.changes_for(files[1])[-1].fingerprint.size == len("v2, longer"), timeout=10)
+    await r.wait_idle(10)
+    assert eng.stats.restarted_rescans == 1
+    assert eng.stats.rescans == walks + 2  # the stopped walk and the whole one after it
+    assert not any(c.kind is ChangeKind.DELETED for f in files[1:] for c in rec.changes_for(f))
+
+
 async def test_a_busy_loop_does_not_make_the_kernel_queue_overflow(tmp_path, recorder_cls, start_reloader):
     """Events are read by a thread of their own: a loop busy for a second (settling a burst, say)
     while 10,000 files are written (30,000 events, twice the kernel queue) costs no overflow rescan."""

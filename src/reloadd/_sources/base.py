@@ -22,6 +22,10 @@ __all__ = ["Coverage", "Drift", "EventKind", "Source", "SourceContext", "SourceE
 class EventKind(enum.Enum):
     """What a source saw."""
 
+    # Members are singletons compared by identity: hash them by identity too, in C (``Enum.__hash__``
+    # is a Python call, and every file event is hashed a few times on its way through the engine).
+    __hash__ = object.__hash__
+
     WRITING = "writing"
     """A writer is at work on the file (IN_MODIFY): hold it."""
 
