@@ -26,7 +26,7 @@ from ._filters import PathFilter, under
 from ._item import Item
 from ._packed import digest_of, pack_record, stat_of
 from ._prune import PruneGuard, RootId
-from ._scan import DigestCache, Found, Listing, Trust, local_devices, scan
+from ._scan import DigestCache, Found, Listing, Trust, WalkStopped, local_devices, scan
 from ._types import Change, ChangeKind, Fingerprint, PathRecord
 
 __all__ = ["CHANGED", "UNREADABLE", "UNSEEN", "Diff", "Needed", "View", "change_kind", "diff", "digest_all", "needed",
@@ -155,10 +155,6 @@ class Diff:
     gone (that needs the whole tree)."""
 
 
-class _Stopped(Exception):
-    """Raised through the walk when its ``stop`` is set."""
-
-
 def diff(
     jobs: list[tuple[str, str, bool]],
     views: list[View],
@@ -200,15 +196,14 @@ def diff(
         def sink(found: Found, listed: set[str], mine: list[_Compare] = mine) -> None:
             for c in mine:
                 c.take(found, listed)
-            if stop is not None and stop.is_set():
-                raise _Stopped
 
         found: Found = {}
         listed: set[str] = set()
         try:
-            scan(top, root, recursive, found, errors, sink, trust, listed)
+            scan(top, root, recursive, found, errors, sink, trust, listed, stop)
+            sink(found, listed)  # the entries met before a stop are kept too (below)
+        except WalkStopped:
             sink(found, listed)
-        except _Stopped:
             out = Diff(stopped=True)
             for c in compares:
                 out.observe.extend((c.view.name, key, seen) for key, seen in c.observe.items())

@@ -167,6 +167,7 @@ class Engine:
         self._trusted: dict[str, int] | None = None  # the coverage as the last rescan of every root began
         self._listings: dict[str, Listing] = {}  # covered directories as a periodic rescan listed them
         self._loss_waiting = False  # a source's loss of events is queued: its rescan goes before settling
+        self._waiter: asyncio.Future[None] | None = None  # the pump waits on it for the next event
         self._walk_stop: threading.Event | None = None  # set to stop the walk of every root running now
         self._restarts = 0  # walks of every root stopped in a row (bounded by _RESTARTS)
         self._timers: set[asyncio.TimerHandle] = set()  # drift corrections waiting out their backoff
@@ -175,6 +176,8 @@ class Engine:
     def emit(self, event: SourceEvent | Force) -> None:
         """Queue an event for the pump (callable from sources and signal handlers)."""
         self.inbox.put_nowait(event)
+        if self._waiter is not None:
+            _wake(self._waiter)
         if type(event) is SourceEvent and event.lost_at is not None:
             self._loss_waiting = True
             if self._walk_stop is not None and self._restarts < _RESTARTS:
@@ -187,6 +190,8 @@ class Engine:
         """Queue several events for the pump in one step (a source's whole read)."""
         if events:
             self.inbox.put_nowait(events)
+            if self._waiter is not None:
+                _wake(self._waiter)
             self.on_change()
 
     def release_caches(self) -> None:
@@ -251,10 +256,11 @@ class Engine:
             deadline = self.agg.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self.clock())
             events: list[SourceEvent | Force] = []
-            try:
-                _take(events, await asyncio.wait_for(self.inbox.get(), timeout))
-            except TimeoutError:
-                pass
+            if self.inbox.empty():
+                if timeout == 0.0:
+                    await asyncio.sleep(0)  # something is due now: still one turn for every other task
+                else:
+                    await self._arrival(timeout)
             while not self.inbox.empty():
                 _take(events, self.inbox.get_nowait())
             self._loss_waiting = False  # any loss queued so far is in ``events``
@@ -269,6 +275,22 @@ class Engine:
             finally:
                 self.busy = False
                 self.on_change()
+
+    async def _arrival(self, timeout: float | None) -> None:
+        """Wait until an event is queued, or ``timeout`` seconds.
+
+        An event wakes the pump in the next turn of the loop (``asyncio.wait_for`` on ``Queue.get`` takes
+        three turns, and in a storm every other task's work runs in each of them).
+        """
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _wake, waiter) if timeout is not None else None
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
     async def _process(self, events: list[SourceEvent | Force]) -> None:
         now = self.clock()
@@ -584,6 +606,11 @@ class Engine:
 
 _WRITING = {EventKind.WRITING: True, EventKind.WRITTEN: False, EventKind.ARRIVED: False, EventKind.GONE: False}
 _FILE_KINDS = frozenset(EventKind) - {EventKind.RESCAN, EventKind.SUBTREE, EventKind.DRIFTED, EventKind.RESYNC}
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _take(events: list[SourceEvent | Force], got: SourceEvent | Force | list[SourceEvent]) -> None:

@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -206,6 +207,10 @@ def walk(top: Path, root: Path, *, recursive: bool = True) -> Iterator[tuple[Pat
         yield Path(path), Probe(None, error)
 
 
+class WalkStopped(Exception):
+    """A :func:`scan` was stopped (its ``stop`` was set) before its end."""
+
+
 def scan(
     top: str,
     root: str,
@@ -215,6 +220,7 @@ def scan(
     sink: Callable[[Found, set[str]], None] | None = None,
     trust: Trust | None = None,
     listed: set[str] | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
     """:func:`walk` for the periodic rescan: fill ``found`` (path -> fingerprint tuple) and ``errors``.
 
@@ -235,6 +241,8 @@ def scan(
     With ``sink``, ``found`` and ``listed`` are handed to it and emptied whenever they hold
     :data:`SCAN_CHUNK` entries or more, so a walk of 100k files never holds them all
     (the caller hands over what is left at the end).
+
+    With ``stop``, :class:`WalkStopped` is raised at the next directory or chunk of names once it is set.
     """
     try:
         st = os.stat(top) if top == root else os.lstat(top)  # a root may be a symlink to its directory
@@ -246,6 +254,8 @@ def scan(
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     stack = [top]
     while stack:
+        if stop is not None and stop.is_set():
+            raise WalkStopped
         d = stack.pop()
         try:  # below the top, never through a symlink swapped in since the lstat
             fd = os.open(d, flags if d is top and top == root else flags | os.O_NOFOLLOW)
@@ -271,6 +281,8 @@ def scan(
                     else:
                         names = [e.name for e in chunk]
                     _scan_names(names, prefix, fd, root, recursive, found, errors, stack)
+                    if stop is not None and stop.is_set():
+                        raise WalkStopped
                     if sink is not None and len(found) + (len(listed) if listed else 0) >= SCAN_CHUNK:
                         sink(found, listed if listed is not None else set())
                         found.clear()

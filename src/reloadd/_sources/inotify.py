@@ -59,7 +59,7 @@ _MASK = (
     | Mask.ONLYDIR
     | Mask.EXCL_UNLINK
 )
-_READ_BYTES = 256 * 1024
+_READ_BYTES = 64 * 1024  # one read is parsed without yielding the loop: ~1,300 events, a few ms
 _FS_CODEC = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
 _QUEUED_MAX = 64 << 20  # bytes of events read and not yet handled, at most (~2M events)
 _GATHER = 0.004  # seconds a read waits when the previous one was this recent (a burst)
@@ -136,7 +136,6 @@ class InotifySource:
         self._overflow_logged = -float("inf")
         self._recovery: asyncio.Task[None] | None = None
         self._recover_again = False
-        self._lost_at: float | None = None  # the first loss the running recovery has not rescanned yet
 
     @property
     def watch_count(self) -> int:
@@ -164,6 +163,7 @@ class InotifySource:
                 readable.clear()
                 while (data := reader.take()) is not None:
                     await self._handle_buffer(data)
+                    await asyncio.sleep(0)  # one read at a time: the engine's pump gets a turn in between
                 if reader.dropped:
                     reader.dropped = False  # the loop fell too far behind: as if the kernel queue overflowed
                     await self._handle(-1, None, _OVERFLOW, "")
@@ -325,10 +325,10 @@ class InotifySource:
 
         Runs beside the reader, not in it: a reader waiting for the re-arm lets the
         kernel queue overflow again, and a burst turns into a chain of overflows. Lost
-        events arriving while one recovery runs make it go round once more.
+        events arriving while one recovery runs ask for their rescan at once (the engine
+        stops a walk already running for it) and make the re-arm go round once more.
         """
-        if self._lost_at is None:
-            self._lost_at = time.monotonic()
+        self.ctx.emit(SourceEvent(EventKind.RESCAN, None, self.name, lost_at=time.monotonic()))
         if self._recovery is not None and not self._recovery.done():
             self._recover_again = True
             return
@@ -338,8 +338,6 @@ class InotifySource:
         again = True
         while again:
             self._recover_again = False
-            lost_at, self._lost_at = self._lost_at, None
-            self.ctx.emit(SourceEvent(EventKind.RESCAN, None, self.name, lost_at=lost_at))
             watched = {p: ino for p, (_, ino) in self._by_path.items()}
             await self._arm_all()
             tops: list[Path] = []  # the directories watched anew (or a new one under the same name), outermost
@@ -424,6 +422,7 @@ class InotifySource:
                 )
                 self._overflows = 0
             self._recover()
+            await asyncio.sleep(0)  # let the pump start the rescan before the rest of this read is parsed
             return
         if mask & _IGNORED:
             if watch is None or wd in self._removed:
