@@ -179,8 +179,8 @@ def diff(
     inotify did not report, or one still being handled) the tree's paths are listed
     once more to name them.
 
-    With ``stop``, the walk ends at its next chunk once the event is set: the result holds what
-    it met (``Diff.stopped``).
+    With ``stop``, the walk ends at its next directory (or chunk of a big one) once the event is set:
+    the result holds what it met (``Diff.stopped``).
     """
     errors: dict[str, str] = {}
     tops = [top for top, _, _ in jobs]

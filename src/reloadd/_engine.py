@@ -426,6 +426,11 @@ class Engine:
         calls (atomic under the GIL, and a record read a moment later than the walk is
         still one the consumer acknowledged), and takes the record keys in one
         ``list()`` for the deletion pass.
+
+        A walk of every root (neither the start-up pass nor a forced one) stops at its next
+        directory when events are lost again meanwhile (:meth:`emit`), at most :data:`_RESTARTS`
+        times in a row: what it met is observed, nothing is judged gone, and the new loss's walk
+        starts at once instead of after it.
         """
         slots = [self.slots[only]] if only else list(self.slots.values())
         jobs: list[tuple[str, str, bool]] = []  # (top, root, recursive)
