@@ -68,6 +68,7 @@ async def run_reloadd(root: Path, state: Path, quiet: float | None, max_delay: f
             emit({"ev": "stats", "overflows": eng.stats.overflows, "rescans": eng.stats.rescans,
                   "rescan_seconds": eng.stats.rescan_seconds, "handed_over": eng.stats.handed_over,
                   "recovery_delay": eng.stats.recovery_delay, "restarted_rescans": eng.stats.restarted_rescans,
+                  "recovery_delays": list(eng.stats.recovery_delays),
                   "batches": q.batches, "acked": q.acked, "records": len(eng.slots["bench"].records),
                   "watch": reloader.watch_state})
 

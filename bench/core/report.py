@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from ._proc import percentile, ratio
@@ -253,8 +254,16 @@ def _ok(value: float, limit: float) -> str:
     return "n/a" if math.isnan(value) else ("met" if value <= limit else "**not met**")
 
 
-def _delay_ms(watcher: dict[str, Any]) -> float:
-    delay = (watcher.get("engine") or {}).get("recovery_delay")
+def _delay_ms(watcher: dict[str, Any], pick: str = "max") -> float:
+    """The start of the rescans after their overflow, in ms: ``max`` or ``p50`` over every one of the burst.
+
+    (Older results hold only the last rescan's delay: that one is taken.)
+    """
+    eng = watcher.get("engine") or {}
+    delays = eng.get("recovery_delays")
+    if delays:
+        return 1000 * (max(delays) if pick == "max" else statistics.median(delays))
+    delay = eng.get("recovery_delay")
     return math.nan if delay is None else 1000 * delay
 
 
@@ -272,6 +281,7 @@ def _fast_medians(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             "complete_rd": min(x["delivered"] / r["files"] for x, r in zip(rd, runs, strict=True)),
             "complete_wf": min(x["delivered"] / r["files"] for x, r in zip(wf, runs, strict=True)),
             "recovery_ms": _median([_delay_ms(x) for x in rd]),
+            "recovery_p50_ms": _median([_delay_ms(x, "p50") for x in rd]),
             "rss_growth": _median([x["rss_after_kib"] / x["rss_before_kib"] - 1 for x in rd if x["rss_before_kib"]]),
         }
     return out
@@ -287,14 +297,18 @@ def fast_section(results: list[dict[str, Any]]) -> str:
         "RSS (VmRSS) before the burst, at the end of following, and 30 s later; VmHWM is the peak so far.",
         "",
         "| mode | run | write s | watcher | batches | delivered | first / last delivery s | CPU s "
-        "| RSS before / end / +30 s MiB | VmHWM MiB | reloadd overflows / rescans / last rescan's start "
-        "after its overflow |",
+        "| RSS before / end / +30 s MiB | VmHWM MiB | reloadd overflows / rescans / rescan start after "
+        "its overflow |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for label, s in r["watchers"].items():
             eng = s.get("engine") or {}
-            ov = f"{eng.get('overflows', 'n/a')} / {eng.get('rescans', 'n/a')}" if label == "reloadd" else ""
+            ov = ""
+            if label == "reloadd":
+                ov = f"{eng.get('overflows', 'n/a')} / {eng.get('rescans', 'n/a')}"
+                if eng.get("recovery_delays"):
+                    ov += f" / {_delay_ms(s, 'p50'):.0f} ms p50, {_delay_ms(s):.0f} ms slowest"
             out.append(
                 f"| {r['mode']} | {r.get('run', 1)} | {r['write_seconds']:.1f} | {label} | {s['batches']:,} "
                 f"| {s['delivered']:,} | {_f(s['first_delivery_s'])} / {_f(s['last_delivery_s'])} | {_f(s['cpu_s'])} "
@@ -329,8 +343,9 @@ def targets_section(data: dict[str, Any]) -> str:
                          f"{100 * m['complete_rd']:.1f} % / {100 * m['complete_wf']:.1f} % (watchfiles)",
                          f"{100 * m['complete_rd']:.1f} %", "100 %",
                          "met" if m["complete_rd"] >= 1.0 else "**not met**"))
-            rows.append(("… its rescan starts after the overflow is read", "", f"{m['recovery_ms']:.0f} ms",
-                         "≤ 100 ms", _ok(m["recovery_ms"], 100.0)))
+            rows.append(("… each rescan starts after its overflow is read (p50 / slowest)", "",
+                         f"{m['recovery_p50_ms']:.0f} / {m['recovery_ms']:.0f} ms", "≤ 100 ms",
+                         _ok(m["recovery_ms"], 100.0)))
             continue
         rows.append((f"{m['files']:,} {mode} burst, writer process: last delivery / watchfiles",
                      f"{m['last_rd']:.1f} s / {m['last_wf']:.1f} s", _x(m["last_ratio"]), "≤ 1.00×",

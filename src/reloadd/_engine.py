@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +122,8 @@ class EngineStats:
     handed_over: int = 0
     recovery_delay: float | None = None
     """Seconds from the last loss of events (an inotify overflow) to the start of its rescan."""
+    recovery_delays: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    """:attr:`recovery_delay` of each of the latest rescans for a loss (a benchmark reads them all)."""
     restarted_rescans: int = 0
     """Walks of every root stopped part-way for a newer loss of events, whose rescan started at once."""
 
@@ -336,6 +338,7 @@ class Engine:
             self.stats.events[(source, kind.value)] += n
         if lost_at is not None:  # the rescan of every root starts below, at once
             self.stats.recovery_delay = max(0.0, time.monotonic() - lost_at)
+            self.stats.recovery_delays.append(self.stats.recovery_delay)
         if everything is not None:
             self.stats.resyncs += 1
             await self.reconcile(None, everything, forced=True)
