@@ -201,8 +201,8 @@ def diff(
         listed: set[str] = set()
         try:
             scan(top, root, recursive, found, errors, sink, trust, listed, stop)
-            sink(found, listed)  # the entries met before a stop are kept too (below)
-        except WalkStopped:
+            sink(found, listed)
+        except WalkStopped:  # what it met until then is observed; nothing is judged gone
             sink(found, listed)
             out = Diff(stopped=True)
             for c in compares:

@@ -120,12 +120,16 @@ class EngineStats:
     """Periodic rescans that took live watches on trust (a share of :attr:`rescans`)."""
     resyncs: int = 0
     handed_over: int = 0
-    recovery_delay: float | None = None
-    """Seconds from the last loss of events (an inotify overflow) to the start of its rescan."""
     recovery_delays: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
-    """:attr:`recovery_delay` of each of the latest rescans for a loss (a benchmark reads them all)."""
+    """Seconds from a loss of events (an inotify overflow) to the start of its rescan, for each of the latest
+    (a benchmark reads them all)."""
     restarted_rescans: int = 0
     """Walks of every root stopped part-way for a newer loss of events, whose rescan started at once."""
+
+    @property
+    def recovery_delay(self) -> float | None:
+        """Seconds from the last loss of events to the start of its rescan (``None``: none yet)."""
+        return self.recovery_delays[-1] if self.recovery_delays else None
 
 
 class Engine:
@@ -177,24 +181,25 @@ class Engine:
     # Input -----------------------------------------------------------------------
     def emit(self, event: SourceEvent | Force) -> None:
         """Queue an event for the pump (callable from sources and signal handlers)."""
-        self.inbox.put_nowait(event)
-        if self._waiter is not None:
-            _wake(self._waiter)
+        self._put(event)
         if type(event) is SourceEvent and event.lost_at is not None:
             self._loss_waiting = True
             if self._walk_stop is not None and self._restarts < _RESTARTS:
                 # A walk running now may have passed where events were just lost: it stops at its next
-                # chunk (what it met is kept) and the new loss's walk starts at once, not after it.
+                # directory (what it met is kept) and the new loss's walk starts at once, not after it.
                 self._walk_stop.set()
         self.on_change()
 
     def emit_all(self, events: list[SourceEvent]) -> None:
         """Queue several events for the pump in one step (a source's whole read)."""
         if events:
-            self.inbox.put_nowait(events)
-            if self._waiter is not None:
-                _wake(self._waiter)
+            self._put(events)
             self.on_change()
+
+    def _put(self, item: SourceEvent | Force | list[SourceEvent]) -> None:
+        self.inbox.put_nowait(item)
+        if self._waiter is not None:
+            _wake(self._waiter)  # the pump runs in the next turn of the loop
 
     def release_caches(self) -> None:
         """Drop what only speeds up a burst (content digests, memoised filter verdicts): it is over."""
@@ -337,8 +342,7 @@ class Engine:
         for (source, kind), n in seen.items():
             self.stats.events[(source, kind.value)] += n
         if lost_at is not None:  # the rescan of every root starts below, at once
-            self.stats.recovery_delay = max(0.0, time.monotonic() - lost_at)
-            self.stats.recovery_delays.append(self.stats.recovery_delay)
+            self.stats.recovery_delays.append(max(0.0, time.monotonic() - lost_at))
         if everything is not None:
             self.stats.resyncs += 1
             await self.reconcile(None, everything, forced=True)
