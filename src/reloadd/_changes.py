@@ -29,7 +29,7 @@ from ._prune import PruneGuard, RootId
 from ._scan import DigestCache, Found, Listing, Trust, WalkStopped, local_devices, scan
 from ._types import Change, ChangeKind, Fingerprint, PathRecord
 
-__all__ = ["CHANGED", "UNREADABLE", "UNSEEN", "Diff", "Needed", "View", "change_kind", "diff", "digest_all", "needed",
+__all__ = ["CHANGED", "UNREADABLE", "UNSEEN", "Diff", "Needed", "Recorded", "View", "change_kind", "diff", "digest_all", "needed",
            "needed_packed", "repeats", "steady", "unchanged"]
 
 
@@ -132,6 +132,7 @@ class View:
     prune_held: frozenset[str] = frozenset()  # removals held: looked at when found, not re-judged when missing
     guard: PruneGuard | None = None  # set on a walk of every root: its roots' identities are taken after it
     pending: Callable[[], list[str]] = list  # WorkQueue.pending_additions: paths queued or in flight as files
+    keys_version: int | None = None  # RecordStore.keys_version when the view was made (None: never memoised)
     learned: dict[str, bool] = field(default_factory=dict)
 
     def owned(self, key: str) -> bool:
@@ -141,6 +142,21 @@ class View:
             if hit is None:
                 hit = self.learned[key] = self.filter.matches(key)
         return hit
+
+@dataclass(frozen=True)
+class Recorded:
+    """A consumer's recorded paths under a walk's scope, kept across walks while its set of keys is the same.
+
+    An idle rescan of 10,000 files went twice over every record (a set of them, then a count of those
+    in the directories it did not list); kept, the counts cost a version comparison.
+    """
+
+    version: int  # RecordStore.keys_version the keys were read at (or just after)
+    scope: tuple[str, ...]
+    held: frozenset[str]  # the held removals then (not counted)
+    total: int  # recorded paths under the scope
+    per_dir: dict[str, int]  # how many of them each directory holds (a key's parent, as the walk names it)
+
 
 @dataclass
 class Diff:
@@ -164,6 +180,7 @@ def diff(
     share: tuple[int, int] = (1, 0),
     listings: dict[str, Listing] | None = None,
     stop: threading.Event | None = None,
+    recorded: dict[str, Recorded] | None = None,
 ) -> Diff:
     """Walk and compare with each consumer's acknowledged fingerprints (blocking).
 
@@ -181,11 +198,14 @@ def diff(
 
     With ``stop``, the walk ends at its next directory (or chunk of a big one) once the event is set:
     the result holds what it met (``Diff.stopped``).
+
+    With ``recorded`` (the caller's memo, kept across walks), a consumer's recorded paths under the scope
+    are taken from it while its keys are those it was built from (:class:`Recorded`).
     """
     errors: dict[str, str] = {}
     tops = [top for top, _, _ in jobs]
     overlap = any(i != j and under(a, b) for i, a in enumerate(tops) for j, b in enumerate(tops))
-    compares = [_Compare(v, scopes, forced, overlap) for v in views]
+    compares = [_Compare(v, scopes, forced, overlap, recorded) for v in views]
 
     trust = Trust(covered, local_devices(), *share, listings=listings) if covered else None
     for top, root, recursive in jobs:
@@ -217,11 +237,11 @@ def diff(
             if c.view.owned(key) and key not in warned:
                 warned.add(key)
                 out.errors.append((key, error))
-        in_scope = c.before
-        expected = len(in_scope)
+        expected, per_dir = c.counts()
+        c.keep()
         unlisted = {d for d in skipped if c.meets(d)}
         if unlisted:  # the records of a directory not listed (unchanged since it was) are there: not counted
-            expected -= sum(1 for key in in_scope if (key[:key.rfind("/")] or "/") in unlisted)
+            expected -= sum(per_dir.get(d, 0) for d in unlisted)
         if expected == c.met and c.view.guard is not None:
             out.roots[c.view.name] = c.view.guard.root_ids()  # every record met: the roots are the good ones
         if expected != c.met:
@@ -230,7 +250,7 @@ def diff(
                 for top, root, recursive in jobs:
                     scan(top, root, recursive, walked, {})
                 everything = set(walked)
-            for key in in_scope:
+            for key in c.before:
                 if key not in everything:
                     c.observe[key] = None  # gone (or no longer a regular file)
         out.observe.extend((c.view.name, key, seen) for key, seen in c.observe.items())
@@ -240,7 +260,8 @@ def diff(
 class _Compare:
     """One consumer's side of a rescan: what to observe, and how many of its records were met."""
 
-    def __init__(self, view: View, scopes: list[str] | None, forced: bool, overlap: bool) -> None:
+    def __init__(self, view: View, scopes: list[str] | None, forced: bool, overlap: bool,
+                 recorded: dict[str, Recorded] | None = None) -> None:
         self.view = view
         self.forced = forced
         self.observe: dict[str, object] = {}  # path -> what the walk saw of it (see Diff.observe)
@@ -251,13 +272,56 @@ class _Compare:
         self.prefixes = tuple(r if r.endswith("/") else r + "/" for r in roots)
         # Settling in the aggregator, or a held removal: either is looked at again when the walk meets it.
         self.held = {key for name, key in view.settling() if name == view.name} | view.prune_held
-        # The recorded paths under the scope, as the walk starts: one atomic copy of the keys (references,
-        # not new strings), filtered once here so a path met on the walk costs one set lookup. A held
-        # removal is not counted: missing, it stays held; met, it is taken up through ``held``. A path
-        # queued or in flight as a file counts too: deleted while its removal event was lost (an
-        # overflow), it would be recorded after the walk for a file no longer there.
-        self.before = {key for key in [*view.records, *view.pending()]
-                       if (key in self.roots or key.startswith(self.prefixes)) and key not in view.prune_held}
+        # The recorded paths under the scope: one atomic copy of the keys (references, not new strings),
+        # filtered once so a path met on the walk costs one set lookup. A held removal is not counted:
+        # missing, it stays held; met, it is taken up through ``held``. A path queued or in flight as a
+        # file counts too: deleted while its removal event was lost (an overflow), it would be recorded
+        # after the walk for a file no longer there. Built when the walk meets a file: a rescan of an idle
+        # node that lists no directory (every one unchanged, none due) needs only how many paths each
+        # directory holds, kept across walks while the consumer's keys are the same (:class:`Recorded`).
+        self._pending = view.pending()
+        self._before: set[str] | None = None
+        self._counts: tuple[int, dict[str, int]] | None = None  # (paths in scope, per directory)
+        self._recorded = recorded
+        self._keep_as: tuple[int, tuple[str, ...]] | None = None
+        scope = tuple(sorted(self.roots))
+        keep = recorded is not None and not self._pending and view.keys_version is not None
+        memo = recorded.get(view.name) if recorded is not None else None
+        if (keep and memo is not None and memo.version == view.keys_version and memo.scope == scope
+                and memo.held == view.prune_held):
+            self._counts = (memo.total, memo.per_dir)
+            return
+        _ = self.before  # as the walk starts
+        # The version was read on the loop before the walk, the keys here after it: kept for that version
+        # only (a key added or dropped since moves the version, and the memo is never taken again).
+        self._keep_as = (view.keys_version, scope) if keep and view.keys_version is not None else None
+
+    def keep(self) -> None:
+        """Remember this walk's counts for the next (:class:`Recorded`), when they may be."""
+        if self._keep_as is not None and self._recorded is not None:
+            total, per_dir = self.counts()
+            version, scope = self._keep_as
+            self._recorded[self.view.name] = Recorded(version, scope, self.view.prune_held, total, per_dir)
+
+    @property
+    def before(self) -> set[str]:
+        """The recorded (and queued) paths under the scope (built at the first use)."""
+        if self._before is None:
+            view = self.view
+            self._before = {key for key in [*view.records, *self._pending]
+                            if (key in self.roots or key.startswith(self.prefixes)) and key not in view.prune_held}
+            self._counts = None  # counted again from these keys, read later than the memo's
+        return self._before
+
+    def counts(self) -> tuple[int, dict[str, int]]:
+        """How many paths :attr:`before` holds, in all and per directory (the key's parent)."""
+        if self._counts is None:
+            per_dir: dict[str, int] = {}
+            for key in self.before:
+                d = key[:key.rfind("/")] or "/"
+                per_dir[d] = per_dir.get(d, 0) + 1
+            self._counts = (len(self.before), per_dir)
+        return self._counts
 
     def meets(self, top: str) -> bool:
         """Whether a walk of ``top`` can meet a path of this consumer (one of its roots is above or below it)."""
@@ -266,6 +330,8 @@ class _Compare:
     def take(self, found: Found, listed: set[str]) -> None:
         """Compare one chunk of a walk: ``found`` stat-ed, ``listed`` met in covered directories (no stat)."""
         owned, queued, held, observe = self.view.owned, self.view.queued, self.held, self.observe
+        if not found and not listed:
+            return
         met = self.before.intersection(found)  # in C: the recorded paths this chunk met
         if listed:
             met |= self.before.intersection(listed)

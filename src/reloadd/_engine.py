@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._aggregator import Aggregator, Key, Pending
-from ._changes import CHANGED, UNREADABLE, View, diff, digest_all, steady
+from ._changes import CHANGED, UNREADABLE, Recorded, View, diff, digest_all, steady
 from ._consumer import BaseConsumer, Consumer
 from ._drift import DriftBook
 from ._filters import PathFilter, under
@@ -172,6 +172,7 @@ class Engine:
         self._tick = 0  # periodic rescans so far: which share of the covered directories the next one stats
         self._trusted: dict[str, int] | None = None  # the coverage as the last rescan of every root began
         self._listings: dict[str, Listing] = {}  # covered directories as a periodic rescan listed them
+        self._recorded: dict[str, Recorded] = {}  # each consumer's recorded paths as the last walk took them
         self._loss_waiting = False  # a source's loss of events is queued: its rescan goes before settling
         self._waiter: asyncio.Future[None] | None = None  # the pump waits on it for the next event
         self._walk_stop: threading.Event | None = None  # set to stop the walk of every root running now
@@ -202,10 +203,15 @@ class Engine:
             _wake(self._waiter)  # the pump runs in the next turn of the loop
 
     def release_caches(self) -> None:
-        """Drop what only speeds up a burst (content digests, memoised filter verdicts): it is over."""
+        """Drop what only speeds up a burst (content digests, memoised filter verdicts): it is over.
+
+        Called when idle (no walk or judgement reads the records in a thread): a record table a mass
+        removal emptied is rebuilt smaller too.
+        """
         self.digests.clear()
         for slot in self.slots.values():
             slot._owns = {}
+            slot.records.shrink()
 
     @property
     def idle(self) -> bool:
@@ -454,7 +460,7 @@ class Engine:
         jobs = list(dict.fromkeys(jobs))
         views = [View(s.name, s.filter, s._owns, s.records.packed, s.queue.queued_fingerprint, self.agg.keys_snapshot,
                        frozenset(s.queue.guard.held), s.queue.guard if tops is None else None,
-                       s.queue.pending_additions)
+                       s.queue.pending_additions, s.records.keys_version)
                  for s in slots]
         scopes = [str(t) for t in tops] if tops is not None else None
         covered: frozenset[str] | None = None
@@ -473,7 +479,8 @@ class Engine:
         stop = threading.Event() if stoppable else None
         self._walk_stop = stop
         try:
-            found = await asyncio.to_thread(diff, jobs, views, scopes, forced, covered, share, self._listings, stop)
+            found = await asyncio.to_thread(diff, jobs, views, scopes, forced, covered, share, self._listings, stop,
+                                            self._recorded)
         finally:
             self._walk_stop = None
         if found.stopped:

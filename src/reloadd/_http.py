@@ -28,10 +28,15 @@ from ._metrics import negotiate
 from ._snapshot import Pipeline
 from ._watch import WatchState
 
-__all__ = ["MAX_LOOP_LAG", "Handler", "Health", "LoopMonitor", "Response", "endpoints", "parse_listen"]
+__all__ = ["LOOP_TICK", "MAX_LOOP_LAG", "Handler", "Health", "LoopMonitor", "Response", "endpoints", "parse_listen"]
 
 MAX_LOOP_LAG = 5.0
 """Seconds the event loop may wake late before ``/healthz`` fails."""
+
+LOOP_TICK = MAX_LOOP_LAG / 2
+"""Seconds between the loop monitor's wake-ups: a stall longer than ``MAX_LOOP_LAG + LOOP_TICK`` is always
+seen. Every wake-up of an idle daemon costs ~0.15 ms of CPU (the scheduler and the loop's turn): at 0.5 s
+the monitor alone took 0.03 % of a core, most of the daemon's idle cost."""
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -60,7 +65,7 @@ class LoopMonitor:
         interval: Seconds between ticks.
     """
 
-    def __init__(self, interval: float = 0.5) -> None:
+    def __init__(self, interval: float = LOOP_TICK) -> None:
         self.interval = interval
         self.lag = 0.0
         self.max_lag = 0.0

@@ -108,6 +108,10 @@ def _snapshot_chunks(gen: int, records: dict[str, bytes], per_chunk: int = 2048)
     yield "".join(buf).encode()
 
 
+_SHRINK_FROM = 4096
+"""Tables that held fewer paths than this are never rebuilt smaller (see :meth:`RecordStore.drop`)."""
+
+
 class RecordStore(Mapping[Path, PathRecord]):
     """The records of one consumer: an in-memory mapping backed by snapshot + journal.
 
@@ -128,6 +132,8 @@ class RecordStore(Mapping[Path, PathRecord]):
         self._snapshot = directory / "records.json" if directory is not None else Path()
         self._gen = 0
         self._records: dict[str, bytes] = {}  # packed (see reloadd._packed): one untracked bytes a path
+        self.keys_version = 0  # moves whenever a path is added or dropped (not when a record is replaced)
+        self._peak = 0  # the most paths held since the table was last rebuilt
         self._view = RecordView(self._records)
         self._buffer: list[str] = []
         self._journal_lines = 0
@@ -215,6 +221,8 @@ class RecordStore(Mapping[Path, PathRecord]):
                 raise StateError(f"Failed to read {self._journal}: {exc.strerror}") from exc
         self._records.clear()  # in place: by_str stays the live mapping
         self._records.update(records)
+        self._peak = len(records)
+        self.keys_version += 1
         self._journal_lines = lines
 
     def _read_gen(self) -> int:
@@ -279,15 +287,40 @@ class RecordStore(Mapping[Path, PathRecord]):
             error: str | None = None) -> None:
         """:meth:`put` of a record given by its fields (no ``PathRecord`` built, the data encoded once)."""
         text = None if data is None else dumps(data)
-        self._records[key] = pack_json(fingerprint, digest, text, error)
+        records = self._records
+        n = len(records)
+        records[key] = pack_json(fingerprint, digest, text, error)
+        if len(records) != n:
+            self.keys_version += 1
+            if n >= self._peak:
+                self._peak = n + 1
         if self.directory is not None:
             self._buffer.append('{"p":' + _str(key) + ',"r":' + fields_json(fingerprint, digest, text, error) + "}")
 
     def drop(self, path: Path | str) -> None:
         """Forget ``path`` (buffered until :meth:`flush`)."""
         key = os.fspath(path)
-        if self._records.pop(key, None) is not None and self.directory is not None:
+        records = self._records
+        if records.pop(key, None) is None:
+            return
+        self.keys_version += 1
+        if self.directory is not None:
             self._buffer.append('{"p":' + _str(key) + ',"del":true}')
+
+    def shrink(self) -> None:
+        """Give back the table of paths removed en masse (a dict never shrinks: after a removal of 190,000
+        of 200,000 paths its table stays sized for 200,000, ~5 MiB).
+
+        Rebuilt in place (``by_str`` and ``packed`` stay the live mappings) once it holds under a quarter of
+        the most it held. Call it only when no other thread reads the records (the engine does, when idle):
+        between its two steps the table is empty.
+        """
+        records = self._records
+        if self._peak > _SHRINK_FROM and len(records) < self._peak // 4:
+            kept = dict(records)
+            records.clear()
+            records.update(kept)
+            self._peak = len(records)
 
     @property
     def dirty(self) -> bool:

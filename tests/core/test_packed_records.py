@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
 from pathlib import Path
 
 from hypothesis import given
@@ -61,6 +62,33 @@ def test_records_survive_a_restart_and_are_not_tracked_by_the_collector(tmp_path
     third = RecordStore(tmp_path / "state")
     third.load()
     assert dict(third.by_str) == dict(again.by_str)
+
+
+def test_a_mass_removal_gives_the_table_back_and_keeps_every_record(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path / "state")
+    store.load()
+    live = store.packed  # what the engine's walks read: it must stay the live table
+    fp = Fingerprint(7, 3, 1_700_000_000_000_000_000, 1_700_000_000_500_000_000)
+    version = store.keys_version
+    for i in range(20_000):
+        store.set(f"/srv/{i}.yaml", fp, "ab" * 32)
+    assert store.keys_version > version
+    version = store.keys_version
+    store.set("/srv/0.yaml", fp._replace(size=4), "cd" * 32)  # replaced, not added: the keys are the same
+    assert store.keys_version == version
+    full = sys.getsizeof(live)
+    for i in range(19_000):
+        store.drop(f"/srv/{i}.yaml")
+    assert store.keys_version > version
+    assert sys.getsizeof(live) == full  # a dict never shrinks by itself...
+    store.shrink()  # ...the engine has it rebuilt when idle
+    assert sys.getsizeof(live) < full / 4
+    assert len(live) == 1_000 and live is store.packed
+    store.flush()
+    again = RecordStore(tmp_path / "state")
+    again.load()
+    assert dict(again.by_str) == dict(store.by_str)
+    assert again.by_str["/srv/19999.yaml"] == PathRecord(fp, "ab" * 32)
 
 
 def test_path_of_is_the_path() -> None:

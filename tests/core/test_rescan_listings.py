@@ -114,3 +114,44 @@ def test_a_rescan_that_skips_a_directory_finds_no_record_gone_and_a_removal_once
     assert rescan() == []  # not listed: its records are all there, none is judged gone
     paths[0].unlink()
     assert rescan() == [("c", str(paths[0]), None)]
+
+
+class _Counted(dict[str, bytes]):
+    """Records that count how often a walk goes over all of them."""
+
+    reads = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        self.reads += 1
+        return super().__iter__()
+
+
+def test_an_idle_rescan_does_not_go_over_every_record_and_still_finds_a_directory_gone(tmp_path):
+    root = tmp_path / "root"
+    paths = [root / d / f"{i}.conf" for d in ("a", "b") for i in range(3)]
+    for p in paths:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("x")
+    age(root, root / "a", root / "b")
+    records = _Counted({str(p): pack_record(PathRecord(Fingerprint.from_stat(os.stat(p)))) for p in paths})
+    listings: dict[str, Listing] = {}
+    recorded: dict = {}
+
+    def rescan(version: int) -> list[tuple[str, str, object]]:
+        view = View("c", PathFilter((root,)), {}, records, lambda key, default: default, lambda: (),
+                    keys_version=version)
+        dirs = frozenset(str(d) for d in (root, root / "a", root / "b") if d.exists())
+        share = (1 << 20, max(os.stat(d).st_ino for d in dirs) + 1)  # no directory's turn
+        return diff([(str(root), str(root), True)], [view], None, False, dirs, share, listings,
+                    recorded=recorded).observe
+
+    assert rescan(1) == [] and records.reads  # listed: every record met, and counted per directory
+    reads = records.reads
+    assert rescan(1) == [] and records.reads == reads  # nothing listed, the same keys: the counts as kept
+    assert rescan(2) == [] and records.reads > reads  # a path added or dropped since: the records read again
+    for p in paths[3:]:
+        p.unlink()
+    (root / "b").rmdir()
+    os.utime(root, (PAST, PAST))  # the root's times as they were: it is not listed either
+    gone = rescan(2)
+    assert sorted(gone) == [("c", str(p), None) for p in paths[3:]]  # the kept counts miss directory b's
