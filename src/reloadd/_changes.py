@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 from ._filters import PathFilter, under
 from ._item import Item
-from ._packed import digest_of, pack_record, stat_of
+from ._packed import digest_of, pack_record, pack_stat, stat_of
 from ._prune import PruneGuard, RootId
 from ._scan import DigestCache, Found, Listing, Trust, WalkStopped, local_devices, scan
 from ._types import Change, ChangeKind, Fingerprint, PathRecord
 
-__all__ = ["CHANGED", "UNREADABLE", "UNSEEN", "Diff", "Needed", "Recorded", "View", "change_kind", "diff", "digest_all", "needed",
-           "needed_packed", "repeats", "steady", "unchanged"]
+__all__ = ["CHANGED", "UNREADABLE", "UNSEEN", "Diff", "Needed", "Recorded", "View", "change_kind", "diff",
+           "digest_all", "needed", "needed_packed", "repeats", "steady", "unchanged"]
 
 
 UNSEEN: object = object()
@@ -38,7 +38,12 @@ UNSEEN: object = object()
 
 
 def steady(seen: object, fingerprint: Fingerprint | None) -> bool:
-    """Whether a path probed again is as the previous probe saw it (settled), ``seen`` being that probe."""
+    """Whether a path probed again is as the previous probe saw it (settled), ``seen`` being that probe.
+
+    ``seen`` is a fingerprint, ``None`` (gone), :data:`UNSEEN`, or a walk's stat packed (:func:`pack_stat`).
+    """
+    if type(seen) is bytes:
+        return fingerprint is not None and pack_stat(*fingerprint) == seen
     return seen == fingerprint
 
 
@@ -161,7 +166,8 @@ class Recorded:
 @dataclass
 class Diff:
     observe: list[tuple[str, str, object]] = field(default_factory=list)
-    """(consumer, path, seen): seen is the walk's stat of the path (a fingerprint tuple), ``None`` when
+    """(consumer, path, seen): seen is the walk's stat of the path (packed, :func:`pack_stat`: a 100,000-path
+    start-up pass holds them all until they are probed), ``None`` when
     the walk found it gone, :data:`UNSEEN` when it was listed without a stat. The aggregator takes a
     stat as the first of the two equal probes a path found by a walk must show (:func:`steady`)."""
     errors: list[tuple[str, str]] = field(default_factory=list)
@@ -237,10 +243,11 @@ def diff(
             if c.view.owned(key) and key not in warned:
                 warned.add(key)
                 out.errors.append((key, error))
-        expected, per_dir = c.counts()
+        expected = c.total()
         c.keep()
         unlisted = {d for d in skipped if c.meets(d)}
         if unlisted:  # the records of a directory not listed (unchanged since it was) are there: not counted
+            per_dir = c.per_dir()
             expected -= sum(per_dir.get(d, 0) for d in unlisted)
         if expected == c.met and c.view.guard is not None:
             out.roots[c.view.name] = c.view.guard.root_ids()  # every record met: the roots are the good ones
@@ -299,9 +306,9 @@ class _Compare:
     def keep(self) -> None:
         """Remember this walk's counts for the next (:class:`Recorded`), when they may be."""
         if self._keep_as is not None and self._recorded is not None:
-            total, per_dir = self.counts()
             version, scope = self._keep_as
-            self._recorded[self.view.name] = Recorded(version, scope, self.view.prune_held, total, per_dir)
+            self._recorded[self.view.name] = Recorded(version, scope, self.view.prune_held, self.total(),
+                                                      self.per_dir())
 
     @property
     def before(self) -> set[str]:
@@ -310,18 +317,22 @@ class _Compare:
             view = self.view
             self._before = {key for key in [*view.records, *self._pending]
                             if (key in self.roots or key.startswith(self.prefixes)) and key not in view.prune_held}
-            self._counts = None  # counted again from these keys, read later than the memo's
+            self._counts = None  # counted from these keys from now on, read later than the memo's
         return self._before
 
-    def counts(self) -> tuple[int, dict[str, int]]:
-        """How many paths :attr:`before` holds, in all and per directory (the key's parent)."""
+    def total(self) -> int:
+        """How many paths :attr:`before` holds."""
+        return self._counts[0] if self._counts is not None else len(self.before)
+
+    def per_dir(self) -> dict[str, int]:
+        """How many paths of :attr:`before` each directory holds (the key's parent)."""
         if self._counts is None:
             per_dir: dict[str, int] = {}
             for key in self.before:
                 d = key[:key.rfind("/")] or "/"
                 per_dir[d] = per_dir.get(d, 0) + 1
             self._counts = (len(self.before), per_dir)
-        return self._counts
+        return self._counts[1]
 
     def meets(self, top: str) -> bool:
         """Whether a walk of ``top`` can meet a path of this consumer (one of its roots is above or below it)."""
@@ -342,7 +353,7 @@ class _Compare:
         if self.forced:
             for key, fp in found.items():  # a forced walk trusts nothing: ``listed`` is empty
                 if owned(key):
-                    observe[key] = fp
+                    observe[key] = pack_stat(*fp)
             return
         if listed:
             # A covered directory's watch reports every change of its files: only a file never
@@ -354,15 +365,15 @@ class _Compare:
                 for key in held.intersection(listed):
                     if owned(key):
                         observe[key] = UNSEEN
-        get = self.view.records.get
+        get, fingerprint = self.view.records.get, stat_of
         for key, fp in found.items():
             rec = get(key)
-            if rec is not None and stat_of(rec) == fp:
+            if rec is not None and fingerprint(rec) == fp:
                 if held and key in held and owned(key):
-                    observe[key] = fp  # acknowledged as it is, but held: taken up again
+                    observe[key] = pack_stat(*fp)  # acknowledged as it is, but held: taken up again
                 continue
             if owned(key) and (key in held or queued(key, _MISSING) != fp):
-                observe[key] = fp  # differs from what was acknowledged and what is queued
+                observe[key] = pack_stat(*fp)  # differs from what was acknowledged and what is queued
 
 
 _MISSING: object = object()

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ._types import Fingerprint, JSONValue, PathRecord
 
 __all__ = ["RecordView", "data_of", "digest_of", "dumps", "error_of", "fields_json", "from_json", "has_error",
-           "journal_json", "pack", "pack_json", "pack_record", "stat_of", "unpack"]
+           "journal_json", "pack", "pack_json", "pack_record", "pack_stat", "stat_of",
+           "unpack"]
 
 _FP = struct.Struct("<QQqq")
 _LEN = struct.Struct("<I")
@@ -75,6 +76,11 @@ def pack_json(fingerprint: tuple[int, int, int, int] | None, digest: str | None,
         raw = error.encode("utf-8", "surrogateescape")
         tail += (_LEN.pack(len(raw)), raw)
     return bytes((flags,)) + head + b"".join(tail)
+
+
+pack_stat: Callable[..., bytes] = _FP.pack
+"""``pack_stat(*fingerprint)``: a fingerprint as 32 bytes (81 bytes of memory, against ~180 for the tuple and
+its four integers), for what a walk saw of a path until a probe compares it (:func:`reloadd._changes.steady`)."""
 
 
 def pack_record(rec: PathRecord) -> bytes:

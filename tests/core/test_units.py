@@ -12,6 +12,7 @@ import reloadd
 from reloadd import ConfigError, Fingerprint, PathFilter, PathRecord, parse_duration
 from reloadd._aggregator import Aggregator, Timing
 from reloadd._config import load_config
+from reloadd._packed import pack_stat
 from reloadd._state import RecordStore, atomic_write
 from reloadd._types import Reason
 
@@ -54,6 +55,20 @@ def test_a_file_moved_into_place_waits_the_quiet_period_for_a_consumer_without_a
     a = agg()  # files that go together (a key and its certificate) are gathered by the quiet period
     a.observe(K, 1.0, reason=Reason.INOTIFY, writing=False, arrived=True)
     assert a.due(1.1) == [] and a.due(1.2) == [K]
+
+
+def test_a_walks_stat_is_the_first_of_the_two_probes_that_settle_a_path():
+    a = agg()
+    found = pack_stat(*FP1)  # what a walk keeps of a path it found (packed until the probe)
+    a.observe(K, 0.0, reason=Reason.RESCAN, verify=True, seen=found)
+    assert a.due(0.2) == [K]
+    assert a.probed(K, FP1, 0.2) is not None  # the probe agrees with the walk: settled, handed over
+    a.observe(K, 1.0, reason=Reason.RESCAN, verify=True, seen=found)
+    assert a.due(1.2) == [K]
+    assert a.probed(K, FP2, 1.2) is None  # it moved on since the walk: another quiet period
+    assert a.due(1.4) == [K] and a.probed(K, FP2, 1.4) is not None
+    a.observe(K, 2.0, reason=Reason.RESCAN, verify=True, seen=found)
+    assert a.due(2.2) == [K] and a.probed(K, None, 2.2) is None  # gone since the walk: looked at once more
 
 
 def test_max_delay_caps_a_path_that_keeps_changing():
