@@ -108,6 +108,7 @@ class Reloader:
         self._stop = asyncio.Event()
         self._changed = asyncio.Event()
         self._armed = asyncio.Event()
+        self._rebuilt = False  # a source failed and is being rebuilt: rescan again once the watch is armed
         self.watch = Watch()
         """The watch state (one value read by status, /readyz, /healthz, metrics and systemd)."""
         self._ready = False
@@ -337,6 +338,11 @@ class Reloader:
 
     def _degraded(self, reason: str | None) -> None:
         self._armed.set()  # armed as far as the kernel allows: the start-up walk may go
+        if self._rebuilt and self._engine is not None:
+            # A watch rebuilt after a failure is armed: walk once more. The walk asked for at the failure
+            # ran while nothing watched; a change made after it and before this arming is seen by neither.
+            self._rebuilt = False
+            self._engine.emit(SourceEvent(EventKind.RESCAN, None, "supervisor"))
         if reason is None:
             self.watch = Watch(WatchState.ARMED)
         else:
@@ -354,6 +360,7 @@ class Reloader:
         def rescan() -> None:
             if self._engine is not None:
                 self._engine.emit(SourceEvent(EventKind.RESCAN, None, "supervisor"))
+                self._rebuilt = True  # ...and once more when the watch is armed again (``_degraded``)
 
         live: dict[str, Any] = self._live
         await supervise(name, lambda: factory(self._source_context()), live=live, on_limit=on_limit, rescan=rescan)

@@ -217,6 +217,44 @@ async def test_watch_failure_is_rebuilt_and_nothing_lost(tmp_path, recorder_cls,
     await rec.wait_path(root / "after.conf")
 
 
+async def test_a_change_between_the_failures_rescan_and_the_rebuilt_watch_is_not_lost(
+    tmp_path, recorder_cls, start_reloader
+):
+    from reloadd._sources.inotify import InotifySource
+
+    root = tmp_path / "root"
+    root.mkdir()
+    kill, arm = asyncio.Event(), asyncio.Event()
+    runs: list[object] = []
+
+    class Slow(InotifySource):
+        """Fails once; the watch built after it arms only when the test says so."""
+
+        async def run(self) -> None:
+            runs.append(self)
+            if len(runs) > 1:
+                await arm.wait()  # a rebuild that takes a while (a big tree to arm, a loaded node)
+                await super().run()
+                return
+            inner = asyncio.create_task(super().run())
+            await kill.wait()
+            inner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await inner
+            raise RuntimeError("injected watch failure")
+
+    rec = recorder_cls([root])
+    r = await start_reloader(rec, sources=[Slow], rescan_interval="0s")  # no periodic rescan to hide behind
+    kill.set()
+    await until(lambda: len(runs) == 2 and r.engine.idle, what="the failure's rescan done, the rebuild waiting")
+    gap = root / "in-the-gap.conf"
+    gap.write_text("after the failure's walk, before the new watch")
+    arm.set()
+    await rec.wait_path(gap)  # the walk once the rebuilt watch is armed finds it
+    (root / "after.conf").write_text("the rebuilt watch works")
+    await rec.wait_path(root / "after.conf")
+
+
 async def test_watch_limit_degrades_to_rescans(tmp_path, recorder_cls, start_reloader, caplog):
     root = tmp_path / "root"
     for i in range(30):
