@@ -148,6 +148,7 @@ class View:
                 hit = self.learned[key] = self.filter.matches(key)
         return hit
 
+
 @dataclass(frozen=True)
 class Recorded:
     """A consumer's recorded paths under a walk's scope, kept across walks while its set of keys is the same.
@@ -365,10 +366,10 @@ class _Compare:
                 for key in held.intersection(listed):
                     if owned(key):
                         observe[key] = UNSEEN
-        get, fingerprint = self.view.records.get, stat_of
+        get = self.view.records.get
         for key, fp in found.items():
             rec = get(key)
-            if rec is not None and fingerprint(rec) == fp:
+            if rec is not None and stat_of(rec) == fp:
                 if held and key in held and owned(key):
                     observe[key] = pack_stat(*fp)  # acknowledged as it is, but held: taken up again
                 continue
