@@ -108,7 +108,7 @@ class Reloader:
         self._stop = asyncio.Event()
         self._changed = asyncio.Event()
         self._armed = asyncio.Event()
-        self._rebuilt = False  # a source failed and is being rebuilt: rescan again once the watch is armed
+        self._rebuilt: set[str] = set()  # sources failed and being rebuilt: rescan again once each is armed
         self.watch = Watch()
         """The watch state (one value read by status, /readyz, /healthz, metrics and systemd)."""
         self._ready = False
@@ -319,7 +319,7 @@ class Reloader:
                 out.append((f"{slot.name}/{name}", factory))
         return out
 
-    def _source_context(self) -> SourceContext:
+    def _source_context(self, name: str | None = None) -> SourceContext:
         assert self._engine is not None
         roots: dict[Path, WatchRoot] = {}
         for slot in self._engine.slots.values():
@@ -331,17 +331,17 @@ class Reloader:
             emit=self._engine.emit,
             rescan_interval=self.config.rescan_interval,
             logger=logging.getLogger("reloadd.source"),
-            degraded=self._degraded,
+            degraded=lambda reason: self._degraded(reason, name),
             coverage=self._engine.coverage,
             emit_all=self._engine.emit_all,
         )
 
-    def _degraded(self, reason: str | None) -> None:
+    def _degraded(self, reason: str | None, source: str | None = None) -> None:
         self._armed.set()  # armed as far as the kernel allows: the start-up walk may go
-        if self._rebuilt and self._engine is not None:
+        if source in self._rebuilt and self._engine is not None:
             # A watch rebuilt after a failure is armed: walk once more. The walk asked for at the failure
             # ran while nothing watched; a change made after it and before this arming is seen by neither.
-            self._rebuilt = False
+            self._rebuilt.discard(source)
             self._engine.emit(SourceEvent(EventKind.RESCAN, None, "supervisor"))
         if reason is None:
             self.watch = Watch(WatchState.ARMED)
@@ -360,10 +360,11 @@ class Reloader:
         def rescan() -> None:
             if self._engine is not None:
                 self._engine.emit(SourceEvent(EventKind.RESCAN, None, "supervisor"))
-                self._rebuilt = True  # ...and once more when the watch is armed again (``_degraded``)
+                self._rebuilt.add(name)  # ...and once more when its new watch reports itself armed (``_degraded``)
 
         live: dict[str, Any] = self._live
-        await supervise(name, lambda: factory(self._source_context()), live=live, on_limit=on_limit, rescan=rescan)
+        await supervise(name, lambda: factory(self._source_context(name)), live=live, on_limit=on_limit,
+                        rescan=rescan)
 
     async def serve(self) -> None:
         """Run until :meth:`stop` is called, then shut down gracefully."""
