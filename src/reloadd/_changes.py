@@ -293,16 +293,16 @@ class _Compare:
         self._recorded = recorded
         self._keep_as: tuple[int, tuple[str, ...]] | None = None
         scope = tuple(sorted(self.roots))
-        keep = recorded is not None and not self._pending and view.keys_version is not None
-        memo = recorded.get(view.name) if recorded is not None else None
-        if (keep and memo is not None and memo.version == view.keys_version and memo.scope == scope
-                and memo.held == view.prune_held):
+        # Nothing queued: the counts are the records' alone, and their version says whether they moved.
+        version = view.keys_version if recorded is not None and not self._pending else None
+        memo = recorded.get(view.name) if version is not None and recorded is not None else None
+        if memo is not None and (memo.version, memo.scope, memo.held) == (version, scope, view.prune_held):
             self._counts = (memo.total, memo.per_dir)
             return
         _ = self.before  # as the walk starts
         # The version was read on the loop before the walk, the keys here after it: kept for that version
         # only (a key added or dropped since moves the version, and the memo is never taken again).
-        self._keep_as = (view.keys_version, scope) if keep and view.keys_version is not None else None
+        self._keep_as = (version, scope) if version is not None else None
 
     def keep(self) -> None:
         """Remember this walk's counts for the next (:class:`Recorded`), when they may be."""
