@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ._filters import PathFilter, under
 from ._item import Item
-from ._packed import digest_of, pack_record, pack_stat, stat_of
+from ._packed import digest_of, has_stat, pack_record, pack_stat, stat_of
 from ._prune import PruneGuard, RootId
 from ._scan import DigestCache, Found, Listing, Trust, WalkStopped, local_devices, scan
 from ._types import Change, ChangeKind, Fingerprint, PathRecord
@@ -354,7 +354,7 @@ class _Compare:
         if self.forced:
             for key, fp in found.items():  # a forced walk trusts nothing: ``listed`` is empty
                 if owned(key):
-                    observe[key] = pack_stat(*fp)
+                    observe[key] = fp
             return
         if listed:
             # A covered directory's watch reports every change of its files: only a file never
@@ -367,14 +367,19 @@ class _Compare:
                     if owned(key):
                         observe[key] = UNSEEN
         get = self.view.records.get
-        for key, fp in found.items():
+        for key, fp in found.items():  # fp: the walk's stat, packed
             rec = get(key)
-            if rec is not None and stat_of(rec) == fp:
+            if rec is not None and has_stat(rec, fp):
                 if held and key in held and owned(key):
-                    observe[key] = pack_stat(*fp)  # acknowledged as it is, but held: taken up again
+                    observe[key] = fp  # acknowledged as it is, but held: taken up again
                 continue
-            if owned(key) and (key in held or queued(key, _MISSING) != fp):
-                observe[key] = pack_stat(*fp)  # differs from what was acknowledged and what is queued
+            if owned(key) and (key in held or not _queued_as(queued(key, None), fp)):
+                observe[key] = fp  # differs from what was acknowledged and what is queued
 
 
 _MISSING: object = object()
+
+
+def _queued_as(queued: object, fp: bytes) -> bool:
+    """Whether a path is queued (or in flight) as the file a walk saw (``fp``, packed): it is handed over as it is."""
+    return isinstance(queued, tuple) and pack_stat(*queued) == fp

@@ -42,7 +42,8 @@ __all__ = ["Engine", "EngineStats", "Force", "Slot"]
 log = logging.getLogger("reloadd.engine")
 
 _OFFLOAD = 64  # probes beyond this many go to a worker thread
-_STEP = 4096  # keys settled, or observed after a walk, per turn of the event loop
+_STEP = 1024  # keys observed after a walk per turn of the event loop; settled per turn at least
+_FEED_MAX = 4096  # keys settled per turn at most (a fast consumer's backlog: see Engine._feed)
 _OWNS_CACHE = 1 << 15  # memoised filter verdicts; recorded paths never need one
 _RESTARTS = 3  # walks in a row a newer loss may stop (then one runs to its end: deletions need a whole walk)
 
@@ -543,7 +544,7 @@ class Engine:
     # Settling --------------------------------------------------------------------
     async def _settle_due(self) -> None:
         now = self.clock()
-        due = self.agg.due(now, limit=_STEP)  # the rest is due at once: the pump comes straight back
+        due = self.agg.due(now, limit=self._feed())  # the rest is due at once: the pump comes straight back
         if not due:
             return
         jobs = [(key, self._root_of(key)) for key in due]
@@ -571,6 +572,17 @@ class Engine:
         finally:
             self._in_hand.clear()
             self._in_hand_by.clear()
+
+    def _feed(self) -> int:
+        """Keys to settle in one turn: two batches of the queue that takes the largest ones.
+
+        What is settled and handed over in one step is held in memory at once (probes, digests, queued
+        items): a slow consumer's queue is fed 1,024 at a time. A queue whose consumer acknowledges fast
+        grows its batches while a backlog waits beyond the batch it took (``WorkQueue.batch_size``), and
+        the feed grows with them, up to :data:`_FEED_MAX`.
+        """
+        batch = max((slot.queue.batch_size for slot in self.slots.values()), default=0)
+        return max(_STEP, min(2 * batch, _FEED_MAX))
 
     async def _hand_over(self, released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]],
                          overdue: frozenset[Key] | set[Key] = frozenset()) -> None:

@@ -27,8 +27,8 @@ from typing import Any
 from ._types import Fingerprint, JSONValue, PathRecord
 
 __all__ = ["RecordView", "data_of", "digest_of", "dumps", "error_of", "fields_json", "from_json", "has_error",
-           "journal_json", "pack", "pack_json", "pack_record", "pack_stat", "stat_of",
-           "unpack"]
+           "has_stat", "journal_json", "pack", "pack_json", "pack_record", "pack_stat", "stat_of",
+           "unpack", "unpack_stat"]
 
 _FP = struct.Struct("<QQqq")
 _LEN = struct.Struct("<I")
@@ -81,6 +81,15 @@ def pack_json(fingerprint: tuple[int, int, int, int] | None, digest: str | None,
 pack_stat: Callable[..., bytes] = _FP.pack
 """``pack_stat(*fingerprint)``: a fingerprint as 32 bytes (81 bytes of memory, against ~180 for the tuple and
 its four integers), for what a walk saw of a path until a probe compares it (:func:`reloadd._changes.steady`)."""
+
+
+unpack_stat: Callable[[bytes], tuple[int, int, int, int]] = _FP.unpack
+"""The fingerprint tuple of a :func:`pack_stat`."""
+
+
+def has_stat(raw: bytes, packed: bytes) -> bool:
+    """Whether the packed record ``raw`` holds the fingerprint ``packed`` (:func:`pack_stat`), compared in place."""
+    return bool(raw[0] & _HAS_FP) and raw.startswith(packed, 1)
 
 
 def pack_record(rec: PathRecord) -> bytes:

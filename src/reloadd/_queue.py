@@ -476,9 +476,14 @@ class WorkQueue:
             if releases:
                 await asyncio.gather(*releases, return_exceptions=True)
 
+    @property
+    def batch_size(self) -> int:
+        """Paths the next batch takes at most (grows for a fast consumer with a backlog: see ``max_batch``)."""
+        return min(self._batch, self.max_batch)
+
     def _adapt(self, size: int, seconds: float) -> None:
         """Size the next batches by how fast the consumer took this one (see ``max_batch``)."""
-        if seconds < _FAST and size >= self._batch and len(self._items) > self._batch:
+        if seconds < _FAST and size >= self._batch and len(self._items) >= self._batch:
             self._batch = min(self._batch * 2, _BATCH_MAX)
         elif seconds > _SLOW and self._batch > _BATCH:
             self._batch = max(_BATCH, self._batch // 2)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from reloadd._changes import View, diff
 from reloadd._filters import PathFilter
-from reloadd._packed import pack_record
+from reloadd._packed import pack_record, pack_stat
 from reloadd._scan import Listing, Trust, local_devices, scan
 from reloadd._types import Fingerprint, PathRecord
 
@@ -61,7 +61,7 @@ def test_an_unchanged_directory_is_not_listed_again(tmp_path):
     assert listed == set()
     # What is no regular file is looked at every time: the sub-directory is walked, the symlink probed.
     assert str(root / "link.conf") in found
-    assert found[str(root / "link.conf")] == tuple(Fingerprint.from_stat(os.stat(root / "0.conf")))
+    assert found[str(root / "link.conf")] == pack_stat(*Fingerprint.from_stat(os.stat(root / "0.conf")))
 
 
 def test_a_name_created_or_removed_makes_the_directory_listed_again(tmp_path):

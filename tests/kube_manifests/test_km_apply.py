@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from typing import Any
@@ -56,7 +57,7 @@ async def test_create_change_and_prune_a_removed_object(make_harness: Any, kube:
     assert ann["applyset.kubernetes.io/additional-namespaces"] == namespace
     assert ann["applyset.kubernetes.io/tooling"].startswith("reloadd/")
     assert p["data"]["source"] == str(f)
-    assert p["data"]["sha256"] == data["sha256"]
+    assert p["data"]["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest()
     assert f"/ConfigMap/{namespace}/two\n" in p["data"]["inventory"]
 
     h.write("app.yaml", [cm("one", namespace, k="changed")])
