@@ -308,15 +308,15 @@ class RecordStore(Mapping[Path, PathRecord]):
             self._buffer.append('{"p":' + _str(key) + ',"del":true}')
 
     def shrink(self) -> None:
-        """Give back the table of paths removed en masse (a dict never shrinks: after a removal of 190,000
-        of 200,000 paths its table stays sized for 200,000, ~5 MiB).
+        """Give back the table of paths removed en masse (a dict never shrinks: after a removal of 100,000
+        of 200,000 paths its table stays sized for 200,000, 7.3 MiB, where 100,000 need 3.7 MiB).
 
-        Rebuilt in place (``by_str`` and ``packed`` stay the live mappings) once it holds under a quarter of
-        the most it held. Call it only when no other thread reads the records (the engine does, when idle):
-        between its two steps the table is empty.
+        Rebuilt in place (``by_str`` and ``packed`` stay the live mappings) once it holds under half the most
+        it held (a table for half as many paths is at least one size smaller). Call it only when no other
+        thread reads the records (the engine does, when idle): between its two steps the table is empty.
         """
         records = self._records
-        if self._peak > _SHRINK_FROM and len(records) < self._peak // 4:
+        if self._peak > _SHRINK_FROM and len(records) < self._peak // 2:
             kept = dict(records)
             records.clear()
             records.update(kept)
