@@ -21,6 +21,7 @@ import enum
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from ._filters import PathFilter, under
 from ._item import Item
@@ -373,13 +374,8 @@ class _Compare:
                 if held and key in held and owned(key):
                     observe[key] = fp  # acknowledged as it is, but held: taken up again
                 continue
-            if owned(key) and (key in held or not _queued_as(queued(key, None), fp)):
+            if owned(key) and (key in held or not steady(fp, cast("Fingerprint | None", queued(key, None)))):
                 observe[key] = fp  # differs from what was acknowledged and what is queued
 
 
 _MISSING: object = object()
-
-
-def _queued_as(queued: object, fp: bytes) -> bool:
-    """Whether a path is queued (or in flight) as the file a walk saw (``fp``, packed): it is handed over as it is."""
-    return isinstance(queued, tuple) and pack_stat(*queued) == fp
