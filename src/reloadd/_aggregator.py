@@ -151,6 +151,7 @@ class Aggregator:
         verify: bool = False,
         seen: object = UNSEEN,
         arrived: bool = False,
+        since: float | None = None,
     ) -> None:
         """Record an event for ``key``.
 
@@ -170,11 +171,13 @@ class Aggregator:
             arrived: A complete file was moved into place (IN_MOVED_TO): when that is all that
                 happened to the path and its consumer's timing says ``at_once``, it is due at once
                 (no quiet period to wait out).
+            since: When ``seen`` was taken, if before ``now`` (a walk's findings taken in later): for a
+                path not held yet, the quiet period runs from then.
         """
         p = self._pending.get(key)
         if p is None:
-            p = Pending(first=now, last=now, reason=reason, forced=forced, verify=verify,
-                        seen=seen if verify else UNSEEN, arrived=arrived and not verify)
+            p = Pending(first=now, last=now if since is None or not verify else min(now, since), reason=reason,
+                        forced=forced, verify=verify, seen=seen if verify else UNSEEN, arrived=arrived and not verify)
             self._pending[key] = p
             self._per_consumer[key[0]] += 1
         else:

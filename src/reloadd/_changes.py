@@ -167,9 +167,9 @@ class Recorded:
 
 @dataclass
 class Diff:
-    observe: list[tuple[str, str, object]] = field(default_factory=list)
-    """(consumer, path, seen): seen is the walk's stat of the path (packed, :func:`pack_stat`: a 100,000-path
-    start-up pass holds them all until they are probed), ``None`` when
+    observe: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Per consumer, path -> seen: seen is the walk's stat of the path (packed, :func:`pack_stat`: a
+    100,000-path start-up pass holds them all until they are probed, no other object per path), ``None`` when
     the walk found it gone, :data:`UNSEEN` when it was listed without a stat. The aggregator takes a
     stat as the first of the two equal probes a path found by a walk must show (:func:`steady`)."""
     errors: list[tuple[str, str]] = field(default_factory=list)
@@ -234,7 +234,7 @@ def diff(
             sink(found, listed)
             out = Diff(stopped=True)
             for c in compares:
-                out.observe.extend((c.view.name, key, seen) for key, seen in c.observe.items())
+                out.observe[c.view.name] = c.observe
             return out
     skipped = trust.skipped if trust is not None else set()
     out = Diff()
@@ -262,7 +262,7 @@ def diff(
             for key in c.before:
                 if key not in everything:
                     c.observe[key] = None  # gone (or no longer a regular file)
-        out.observe.extend((c.view.name, key, seen) for key, seen in c.observe.items())
+        out.observe[c.view.name] = c.observe
     return out
 
 

@@ -5,7 +5,8 @@ are due (a stat, off the loop when many), computes content digests for consumers
 want them, and puts released paths on the owning consumer's :class:`WorkQueue`.
 Structural events (a new or moved directory, a ConfigMap swap, a periodic or overflow
 rescan, a forced resync) become a *reconcile*: a stat walk compared against what each
-consumer acknowledged, so only what differs enters the aggregator.
+consumer acknowledged, so only what differs enters the aggregator, a settling step's worth at a time (the
+walk's own table holds the rest: a 100,000-path pass is never 100,000 aggregator entries at once).
 
 Inside the engine a path is its string (aggregator keys, filter memo, records, queue
 keys): one object per path, hashed and compared in C. A ``Path`` is built once per
@@ -15,6 +16,7 @@ hand-over, for the consumer.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import threading
@@ -42,7 +44,7 @@ __all__ = ["Engine", "EngineStats", "Force", "Slot"]
 log = logging.getLogger("reloadd.engine")
 
 _OFFLOAD = 64  # probes beyond this many go to a worker thread
-_STEP = 1024  # keys observed after a walk per turn of the event loop; settled per turn at least
+_STEP = 1024  # keys of a walk's findings taken in, and settled, per turn at least (see Engine._feed)
 _FEED_MAX = 4096  # keys settled per turn at most (a fast consumer's backlog: see Engine._feed)
 _OWNS_CACHE = 1 << 15  # memoised filter verdicts; recorded paths never need one
 _RESTARTS = 3  # walks in a row a newer loss may stop (then one runs to its end: deletions need a whole walk)
@@ -92,6 +94,24 @@ class Slot:
                 self._bad_accepts.add(key)
                 log.error("Failed to filter %s in consumer %s: %s", key, self.name, exc)
             return False
+
+
+@dataclass(slots=True)
+class _Findings:
+    """What one walk found for one consumer, taken into the aggregator a settling step's worth at a time.
+
+    A 100,000-path start-up pass or overflow rescan is held as the walk's own table (path -> its stat,
+    packed), not as 100,000 aggregator entries at once: an entry is made for a path shortly before it is
+    probed, and the memory a whole pass of entries took (and left fragmented) is never taken.
+    """
+
+    name: str
+    seen: dict[str, object]  # path -> the walk's stat (see Diff.observe); read, never changed
+    keys: list[str]  # its paths in order: ``keys[at:]`` are still to be taken in
+    when: float  # the walk's end: every stat in it was taken before (the quiet period runs from then)
+    reason: Reason
+    forced: bool
+    at: int = 0
 
 
 @dataclass(frozen=True)
@@ -179,6 +199,8 @@ class Engine:
         self._walk_stop: threading.Event | None = None  # set to stop the walk of every root running now
         self._restarts = 0  # walks of every root stopped in a row (bounded by _RESTARTS)
         self._timers: set[asyncio.TimerHandle] = set()  # drift corrections waiting out their backoff
+        self._found: deque[_Findings] = deque()  # walks' findings not yet taken into the aggregator
+        self._found_by: Counter[str] = Counter()  # how many paths of each consumer they hold
 
     # Input -----------------------------------------------------------------------
     def emit(self, event: SourceEvent | Force) -> None:
@@ -221,8 +243,18 @@ class Engine:
             self.inbox.empty()
             and not self.busy
             and len(self.agg) == 0
+            and not self._found
             and all(s.queue.idle for s in self.slots.values())
         )
+
+    @property
+    def settling_total(self) -> int:
+        """Paths settling: held in the aggregator, or found by a walk and waiting to be (see :class:`_Findings`)."""
+        return len(self.agg) + sum(self._found_by.values())
+
+    def settling(self, consumer: str) -> int:
+        """Paths of ``consumer`` settling (as :attr:`settling_total` counts them)."""
+        return self.agg.count(consumer) + self._found_by[consumer]
 
     def holds(self, consumer: str) -> bool:
         """Whether paths of ``consumer`` are settling (for less than its ``max_delay``) or being handed over.
@@ -230,7 +262,8 @@ class Engine:
         What ``after`` waits for: a path held longer (a log kept open, a file that keeps growing)
         no longer holds other consumers back; it stays listed in status as held.
         """
-        return self._in_hand_by[consumer] > 0 or self.agg.holds_fresh(consumer, self.clock())
+        return (self._in_hand_by[consumer] > 0 or self._found_by[consumer] > 0
+                or self.agg.holds_fresh(consumer, self.clock()))
 
     def holds_any(self, consumer: str, paths: Callable[[Path], bool]) -> bool:
         """Whether a path of ``consumer`` for which ``paths`` is true is settling (as :meth:`holds` counts)."""
@@ -238,6 +271,13 @@ class Engine:
             return False
         if any(k[0] == consumer and paths(Path(k[1])) for k in self._in_hand):
             return True
+        for f in self._found:
+            if f.name != consumer:
+                continue
+            if len(f.keys) - f.at > _FEED_MAX:
+                return True  # a big walk's findings still to come (taken in within seconds): not looked through
+            if any(paths(Path(k)) for k in itertools.islice(f.keys, f.at, None)):
+                return True
         limit = self.clock() - self.agg.timing(consumer).max_delay
         for key in self.agg.keys():
             p = self.agg.get(key)
@@ -268,6 +308,14 @@ class Engine:
         deferred = False  # the last turn put settling off for a rescan: the next one settles whatever comes
         while True:
             deadline = self.agg.next_deadline()
+            if self._found:  # a walk's findings wait: the next share once the quiet period since the walk ran out
+                first = self._found[0]  # not kept past this turn: a drained walk's table is freed at once
+                ready = first.when + self.agg.timing(first.name).quiet
+                del first
+                if self.clock() >= ready:
+                    self._take_found(self._feed())
+                    deadline = self.agg.next_deadline()
+                deadline = ready if deadline is None else min(deadline, ready)
             timeout = None if deadline is None else max(0.0, deadline - self.clock())
             events: list[SourceEvent | Force] = []
             if self.inbox.empty():
@@ -508,16 +556,39 @@ class Engine:
                     slot.queue.guard.remember_roots(found.roots[view.name])
         for key, error in found.errors:
             self._warn(key, error)
-        now = self.clock()
-        for i, (name, key, seen) in enumerate(found.observe):
-            if i and not i % _STEP:
-                await asyncio.sleep(0)  # a 100k-path walk must not keep the inotify reader off the loop
-            slot = self.slots.get(name)
-            if slot is not None and (key in slot.records.by_str or slot.owns(key)):
-                self.agg.observe((name, key), now, reason=reason, forced=forced, verify=True, seen=seen)
+        when = self.clock()
+        for name, seen in found.observe.items():
+            if seen and name in self.slots:
+                self._found.append(_Findings(name, seen, list(seen), when, reason, forced))
+                self._found_by[name] += len(seen)
+        self._take_found(self._feed())  # the rest a settling step's worth per turn of the pump
         for slot in slots:
             if len(slot._owns) > _OWNS_CACHE:
                 slot._owns = {}  # the walk's verdicts served their observations: drop a 100k-path table
+
+    def _take_found(self, limit: int) -> None:
+        """Take up to ``limit`` of the walks' findings into the aggregator (oldest walk first).
+
+        A finding is due a quiet period after its walk ended (:attr:`_Findings.when`), as if it had been
+        taken in then: one taken in later is due at once. A path its consumer no longer owns is dropped.
+        """
+        now = self.clock()
+        observe = self.agg.observe
+        while limit > 0 and self._found:
+            f = self._found[0]
+            slot = self.slots.get(f.name)
+            end = min(len(f.keys), f.at + limit)
+            for key in itertools.islice(f.keys, f.at, end):
+                if slot is not None and (key in slot.records.by_str or slot.owns(key)):
+                    observe((f.name, key), now, reason=f.reason, forced=f.forced, verify=True, seen=f.seen[key],
+                            since=f.when)
+            limit -= end - f.at
+            self._found_by[f.name] -= end - f.at
+            f.at = end
+            if end == len(f.keys):
+                self._found.popleft()
+                if not self._found_by[f.name]:
+                    del self._found_by[f.name]
 
     def _held_too_long(self, key: Key, p: Pending, growing: bool, now: float) -> bool:
         """A path handed over because ``max_hold`` ran out while a writer was still at it: say so, return True."""

@@ -37,7 +37,7 @@ def pipeline_snapshot(engine: Engine, watch: Watch, *, ready: bool, ready_max_ag
                 "plugin": _plugin_of(slot.consumer),
                 "roots": [str(r) for r in slot.filter.roots],
                 "records": len(slot.records),
-                "settling": engine.agg.count(name),
+                "settling": engine.settling(name),
                 "held": _held_status(engine, name),
                 **q.status(),
                 "note": _note(slot.consumer),
@@ -46,7 +46,7 @@ def pipeline_snapshot(engine: Engine, watch: Watch, *, ready: bool, ready_max_ag
             }
         consumers.append(ConsumerSnapshot(
             name, _plugin_of(slot.consumer), tuple(str(r) for r in slot.filter.roots), len(slot.records),
-            counts.rejected, engine.agg.count(name), counts.pending, counts.in_flight, counts.failing,
+            counts.rejected, engine.settling(name), counts.pending, counts.in_flight, counts.failing,
             counts.untried, q.oldest_age(), st.batches, st.acked, st.retried, st.rejected, st.dropped_unchanged,
             st.last_success, sum(h["size"] for h in held), len(held), len(engine.held_long(name)),
             stats=_numbers(stats), detail=doc, drift_mode=slot.drift.mode.value,

@@ -150,7 +150,7 @@ def pending_changes(consumer: Consumer, filt: PathFilter, records: RecordStore) 
     found = diff(jobs, [view], None, False)
     digests = DigestCache()
     out: list[Change] = []
-    for key in dict.fromkeys(key for _, key, _ in found.observe):
+    for key in found.observe.get(consumer.name, {}):
         path = Path(key)
         if key not in records.by_str and not (filt(path) and _accepts(consumer, path)):
             continue

@@ -583,7 +583,7 @@ class Reloader:
         if self.ready:
             self._initial_done = True
             return True
-        if not engine.startup_done.is_set() or engine.busy or not engine.inbox.empty() or len(engine.agg):
+        if not engine.startup_done.is_set() or engine.busy or not engine.inbox.empty() or engine.settling_total:
             return False
         for slot in engine.slots.values():
             counts = slot.queue.counts()

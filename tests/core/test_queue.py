@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from reloadd import Ack, ChangeKind, Reject, Retry
+from reloadd import Ack, ChangeKind, Reject, Retry, _engine
+from reloadd._aggregator import Aggregator
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -221,3 +222,28 @@ async def test_a_fast_consumer_with_a_backlog_gets_larger_batches(tmp_path, reco
     sizes = [len(b.changes) for b in rec.batches]
     assert sizes[0] <= 512 and max(sizes) > 512, sizes
     assert max(sizes) <= 8192 and sum(sizes) == 6000
+
+
+async def test_a_big_start_up_pass_takes_its_findings_in_a_settling_step_at_a_time(
+        tmp_path, recorder_cls, start_reloader, monkeypatch):
+    """The start-up pass's 6,000 findings are not 6,000 aggregator entries at once (a 100k pass: ~20 MiB of
+    peak memory, left fragmented), but a settling step's worth (1,024 here) at a time; each is handed over once."""
+    root = tmp_path / "root"
+    root.mkdir()
+    names = [f"f{i:05d}" for i in range(6000)]
+    for name in names:
+        (root / name).write_text(name)
+    monkeypatch.setattr(_engine, "_FEED_MAX", 1024)
+    held: list[int] = []
+    observe = Aggregator.observe
+
+    def counting(self: Aggregator, *args: object, **kw: object) -> None:
+        observe(self, *args, **kw)  # type: ignore[arg-type]
+        held.append(len(self))
+
+    monkeypatch.setattr(Aggregator, "observe", counting)
+    rec = recorder_cls([root])
+    await start_reloader(rec)
+    await rec.wait_for(lambda x: len(x.changes) == 6000, timeout=60)
+    assert sorted(c.path.name for c in rec.changes) == names
+    assert len(held) == 6000 and max(held) <= 3 * 1024, max(held)

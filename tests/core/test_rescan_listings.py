@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from reloadd._changes import View, diff
+from reloadd._changes import Diff, View, diff
 from reloadd._filters import PathFilter
 from reloadd._packed import pack_record, pack_stat
 from reloadd._scan import Listing, Trust, local_devices, scan
@@ -108,12 +108,17 @@ def test_a_rescan_that_skips_a_directory_finds_no_record_gone_and_a_removal_once
         view = View("c", PathFilter((root,)), {}, records, lambda key, default: default, lambda: ())
         dirs = frozenset({str(root)})
         share = (1 << 20, (os.stat(root).st_ino + 1) % (1 << 20))
-        return diff([(str(root), str(root), True)], [view], None, False, dirs, share, listings).observe
+        return _flat(diff([(str(root), str(root), True)], [view], None, False, dirs, share, listings))
 
     assert rescan() == []  # listed: every record met
     assert rescan() == []  # not listed: its records are all there, none is judged gone
     paths[0].unlink()
     assert rescan() == [("c", str(paths[0]), None)]
+
+
+def _flat(found: Diff) -> list[tuple[str, str, object]]:
+    """(consumer, path, seen) for every path the walk says to look at."""
+    return [(name, key, seen) for name, seen_by_path in found.observe.items() for key, seen in seen_by_path.items()]
 
 
 class _Counted(dict[str, bytes]):
@@ -142,8 +147,8 @@ def test_an_idle_rescan_does_not_go_over_every_record_and_still_finds_a_director
                     keys_version=version)
         dirs = frozenset(str(d) for d in (root, root / "a", root / "b") if d.exists())
         share = (1 << 20, max(os.stat(d).st_ino for d in dirs) + 1)  # no directory's turn
-        return diff([(str(root), str(root), True)], [view], None, False, dirs, share, listings,
-                    recorded=recorded).observe
+        return _flat(diff([(str(root), str(root), True)], [view], None, False, dirs, share, listings,
+                          recorded=recorded))
 
     assert rescan(1) == [] and records.reads  # listed: every record met, and counted per directory
     reads = records.reads

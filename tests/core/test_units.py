@@ -71,6 +71,16 @@ def test_a_walks_stat_is_the_first_of_the_two_probes_that_settle_a_path():
     assert a.due(2.2) == [K] and a.probed(K, None, 2.2) is None  # gone since the walk: looked at once more
 
 
+def test_a_walks_finding_taken_in_later_is_due_a_quiet_period_after_the_walk():
+    a = agg()
+    found = pack_stat(*FP1)
+    a.observe(K, 5.0, reason=Reason.RESCAN, verify=True, seen=found, since=1.0)  # walked at 1.0, taken in at 5.0
+    assert a.due(5.0) == [K] and a.probed(K, FP1, 5.0) is not None  # the quiet period ran out long ago
+    a.observe(K, 6.0, reason=Reason.INOTIFY, writing=False)  # held already when the walk's finding comes in:
+    a.observe(K, 6.1, reason=Reason.RESCAN, verify=True, seen=found, since=1.0)
+    assert a.due(6.1) == [] and a.due(6.2) == [K]  # its own quiet period, as an event set it
+
+
 def test_max_delay_caps_a_path_that_keeps_changing():
     a = agg()
     t = 0.0
