@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from reloadd import ConfigError, Reloader, Retry, parse_config
+from reloadd import ConfigError, Reloader, Retry, _engine, parse_config
 from reloadd._terminal import format_status
 
 from ..conftest import config_for
@@ -134,6 +134,24 @@ async def test_group_members_settling_together_arrive_in_one_batch(tmp_path, rec
         await rec.wait_path(root / second)
         await r.wait_idle(10)
         assert [sorted(c.path.name for c in b.changes) for b in rec.batches] == [["tls.crt", "tls.key"]]
+
+
+async def test_group_mates_found_at_start_up_arrive_in_one_batch_though_taken_in_one_at_a_time(
+        tmp_path, recorder_cls, monkeypatch):
+    """A walk's findings go into the aggregator a step at a time (one here): the group's mates still go together."""
+    root = tmp_path / "tls"
+    root.mkdir()
+    for name in ("a.conf", "tls.crt", "b.conf", "tls.key", "c.conf", "d.conf"):
+        (root / name).write_text(name)
+    monkeypatch.setattr(_engine, "_STEP", 1)
+    monkeypatch.setattr(_engine, "_FEED_MAX", 1)  # one finding taken in, and one path settled, per turn
+    rec = recorder_cls([root], name="tls", group=(("tls.crt", "tls.key"),))
+    async with Reloader(config_for(tmp_path, state_dir=""), consumers=[rec]) as r:
+        await r.wait_idle(10)
+    batches = [sorted(c.path.name for c in b.changes) for b in rec.batches]
+    assert sorted(n for b in batches for n in b) == ["a.conf", "b.conf", "c.conf", "d.conf", "tls.crt", "tls.key"]
+    tls = [b for b in batches if "tls.crt" in b or "tls.key" in b]
+    assert len(tls) == 1 and {"tls.crt", "tls.key"} <= set(tls[0]), batches
 
 
 async def test_embedded_consumer_gets_records_and_its_own_trigger(tmp_path, recorder_cls, start_reloader):
