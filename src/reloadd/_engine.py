@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,11 +107,19 @@ class _Findings:
 
     name: str
     seen: dict[str, object]  # path -> the walk's stat (see Diff.observe); read, never changed
-    keys: list[str]  # its paths in order: ``keys[at:]`` are still to be taken in
     when: float  # the walk's end: every stat in it was taken before (the quiet period runs from then)
     reason: Reason
     forced: bool
-    at: int = 0
+    at: int = 0  # how many of ``seen`` (in its order) are taken in
+    rest: Iterator[str] = field(init=False)  # ``seen``'s paths from ``at`` on
+
+    def __post_init__(self) -> None:
+        self.rest = iter(self.seen)
+
+    @property
+    def left(self) -> int:
+        """Paths still to be taken in."""
+        return len(self.seen) - self.at
 
 
 @dataclass(frozen=True)
@@ -200,7 +208,6 @@ class Engine:
         self._restarts = 0  # walks of every root stopped in a row (bounded by _RESTARTS)
         self._timers: set[asyncio.TimerHandle] = set()  # drift corrections waiting out their backoff
         self._found: deque[_Findings] = deque()  # walks' findings not yet taken into the aggregator
-        self._found_by: Counter[str] = Counter()  # how many paths of each consumer they hold
 
     # Input -----------------------------------------------------------------------
     def emit(self, event: SourceEvent | Force) -> None:
@@ -250,11 +257,15 @@ class Engine:
     @property
     def settling_total(self) -> int:
         """Paths settling: held in the aggregator, or found by a walk and waiting to be (see :class:`_Findings`)."""
-        return len(self.agg) + sum(self._found_by.values())
+        return len(self.agg) + sum(f.left for f in self._found)
 
     def settling(self, consumer: str) -> int:
         """Paths of ``consumer`` settling (as :attr:`settling_total` counts them)."""
-        return self.agg.count(consumer) + self._found_by[consumer]
+        return self.agg.count(consumer) + self._found_left(consumer)
+
+    def _found_left(self, consumer: str) -> int:
+        """Paths of ``consumer`` found by walks and not taken into the aggregator yet."""
+        return sum(f.left for f in self._found if f.name == consumer)
 
     def holds(self, consumer: str) -> bool:
         """Whether paths of ``consumer`` are settling (for less than its ``max_delay``) or being handed over.
@@ -262,7 +273,7 @@ class Engine:
         What ``after`` waits for: a path held longer (a log kept open, a file that keeps growing)
         no longer holds other consumers back; it stays listed in status as held.
         """
-        return (self._in_hand_by[consumer] > 0 or self._found_by[consumer] > 0
+        return (self._in_hand_by[consumer] > 0 or self._found_left(consumer) > 0
                 or self.agg.holds_fresh(consumer, self.clock()))
 
     def holds_any(self, consumer: str, paths: Callable[[Path], bool]) -> bool:
@@ -274,9 +285,9 @@ class Engine:
         for f in self._found:
             if f.name != consumer:
                 continue
-            if len(f.keys) - f.at > _FEED_MAX:
+            if f.left > _FEED_MAX:
                 return True  # a big walk's findings still to come (taken in within seconds): not looked through
-            if any(paths(Path(k)) for k in itertools.islice(f.keys, f.at, None)):
+            if any(paths(Path(k)) for k in itertools.islice(f.seen, f.at, None)):
                 return True
         limit = self.clock() - self.agg.timing(consumer).max_delay
         for key in self.agg.keys():
@@ -309,9 +320,7 @@ class Engine:
         while True:
             deadline = self.agg.next_deadline()
             if self._found:  # a walk's findings wait: the next share once the quiet period since the walk ran out
-                first = self._found[0]  # not kept past this turn: a drained walk's table is freed at once
-                ready = first.when + self.agg.timing(first.name).quiet
-                del first
+                ready = self._found[0].when + self.agg.timing(self._found[0].name).quiet
                 if self.clock() >= ready:
                     self._take_found(self._feed())
                     deadline = self.agg.next_deadline()
@@ -559,8 +568,7 @@ class Engine:
         when = self.clock()
         for name, seen in found.observe.items():
             if seen and name in self.slots:
-                self._found.append(_Findings(name, seen, list(seen), when, reason, forced))
-                self._found_by[name] += len(seen)
+                self._found.append(_Findings(name, seen, when, reason, forced))
         self._take_found(self._feed())  # the rest a settling step's worth per turn of the pump
         for slot in slots:
             if len(slot._owns) > _OWNS_CACHE:
@@ -577,18 +585,15 @@ class Engine:
         while limit > 0 and self._found:
             f = self._found[0]
             slot = self.slots.get(f.name)
-            end = min(len(f.keys), f.at + limit)
-            for key in itertools.islice(f.keys, f.at, end):
+            n = min(f.left, limit)
+            for key in itertools.islice(f.rest, n):
                 if slot is not None and (key in slot.records.by_str or slot.owns(key)):
                     observe((f.name, key), now, reason=f.reason, forced=f.forced, verify=True, seen=f.seen[key],
                             since=f.when)
-            limit -= end - f.at
-            self._found_by[f.name] -= end - f.at
-            f.at = end
-            if end == len(f.keys):
+            limit -= n
+            f.at += n
+            if not f.left:
                 self._found.popleft()
-                if not self._found_by[f.name]:
-                    del self._found_by[f.name]
 
     def _held_too_long(self, key: Key, p: Pending, growing: bool, now: float) -> bool:
         """A path handed over because ``max_hold`` ran out while a writer was still at it: say so, return True."""
