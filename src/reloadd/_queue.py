@@ -51,6 +51,8 @@ class QueueCounts:
     failing: int
     untried: int
     rejected: int
+    first_tries: int = 0
+    """In flight with no failed attempt before (a retry in flight is counted by ``failing``)."""
 
 
 @dataclass(slots=True)
@@ -200,7 +202,9 @@ class WorkQueue:
         failing = len(self._failing())
         untried = sum(1 for p, i in self._items.items()
                       if i.last_error is None and i.deferred is None and p not in self._inflight)
-        return QueueCounts(len(self._items), len(self._inflight), failing, untried, self.records.rejected())
+        first_tries = sum(1 for i in self._inflight.values() if i.last_error is None)
+        return QueueCounts(len(self._items), len(self._inflight), failing, untried, self.records.rejected(),
+                           first_tries)
 
     def _failing(self) -> dict[str, Item]:
         """Paths whose last attempt failed: waiting in backoff, or being retried right now."""

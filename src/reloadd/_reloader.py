@@ -587,7 +587,7 @@ class Reloader:
             return False
         for slot in engine.slots.values():
             counts = slot.queue.counts()
-            if counts.in_flight or counts.untried:
+            if counts.first_tries or counts.untried:  # a retry in flight was handed over once already
                 return False
         self._initial_done = True
         return True

@@ -6,8 +6,10 @@ import asyncio
 
 import pytest
 
-from reloadd import Ack, ChangeKind, Reject, Retry, _engine
+from reloadd import Ack, ChangeKind, Reject, Reloader, Retry, _engine
 from reloadd._aggregator import Aggregator
+
+from ..conftest import config_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -247,3 +249,27 @@ async def test_a_big_start_up_pass_takes_its_findings_in_a_settling_step_at_a_ti
     await rec.wait_for(lambda x: len(x.changes) == 6000, timeout=60)
     assert sorted(c.path.name for c in rec.changes) == names
     assert len(held) == 6000 and max(held) <= 3 * 1024, max(held)
+
+
+async def test_a_retry_in_flight_does_not_make_the_node_unready(tmp_path, recorder_cls):
+    """Every path found at start-up was handed over once: one whose retry is running right now keeps it ready."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.conf").write_text("a")
+    retrying, release = asyncio.Event(), asyncio.Event()
+
+    class Flaky(recorder_cls):  # type: ignore[misc, valid-type]
+        async def handle(self, batch):  # type: ignore[no-untyped-def]
+            if self.batches:  # the retry: held in flight
+                retrying.set()
+                await release.wait()
+            return await super().handle(batch)
+
+    rec = Flaky([root])
+    rec.results = lambda change: Retry("busy", after=0.05) if len(rec.batches) == 1 else None
+    async with Reloader(config_for(tmp_path), consumers=[rec]) as r:
+        await asyncio.wait_for(retrying.wait(), 10)
+        assert r.status()["ready"] is True, r.status()["ready_problems"]
+        release.set()
+        await r.wait_idle(10)
+    assert len(rec.batches) == 2
