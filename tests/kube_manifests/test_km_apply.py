@@ -217,6 +217,13 @@ async def test_accepts_manifests_only_outside_dotfiles(make_harness: Any) -> Non
     assert not h.consumer.accepts(r / ".git" / "x.yaml")
     assert not h.consumer.accepts(r / "notes.txt")
     assert not h.consumer.accepts(r / "x.txt.skip")
+    assert h.consumer.accepts(r / "deep" / "x.yaml.skip")
+    assert not h.consumer.accepts(r / "deep" / ".cache" / "x.yaml")
+    assert not h.consumer.accepts(r / "x.yaml.")  # no suffix: the name ends in a dot
+    assert not h.consumer.accepts(r / ".yaml")  # a dotfile, not a suffix
+    # The key names the file by its path under the root, sub-folders included.
+    assert h.consumer.key(r / "deep" / "er" / "d.yaml") == f"{h.consumer.name}:deep/er/d.yaml"
+    assert h.consumer.key(r / "a.yaml") == f"{h.consumer.name}:a.yaml"
 
 
 async def test_dry_run_changes_nothing(make_harness: Any, kube: KubeCluster, namespace: str) -> None:

@@ -161,16 +161,24 @@ class KubeManifestsConsumer(BaseConsumer):
         }
 
     # --- selection -----------------------------------------------------------------------------------
-    def _root_of(self, path: Path) -> Path | None:
+    def _rel(self, path: Path) -> str | None:
+        """``path`` relative to the root it lies under, as text (``""``: a root itself; ``None``: under none).
+
+        Text, not ``Path.relative_to``: that parses a new ``Path`` and interns each of its names, and the
+        interpreter's table of interned strings, grown by a 10,000-file pass, never shrinks.
+        """
+        text = os.fspath(path)
         for root in self.roots:
-            if path == root or path.is_relative_to(root):
-                return root
+            r = os.fspath(root)
+            if text == r:
+                return ""
+            if text.startswith(r if r.endswith("/") else r + "/"):
+                return text[len(r) + (not r.endswith("/")):]
         return None
 
     def _hidden(self, path: Path) -> bool:
-        root = self._root_of(path)
-        rel = path.relative_to(root) if root is not None and path != root else Path(path.name)
-        return any(part.startswith(".") for part in rel.parts)
+        rel = self._rel(path) or path.name
+        return any(part.startswith(".") for part in rel.split("/"))
 
     def accepts(self, path: Path) -> bool:
         """Manifests (``.yaml``/``.yml``/``.json``) and ``.skip`` markers, outside dotfiles."""
@@ -178,14 +186,12 @@ class KubeManifestsConsumer(BaseConsumer):
             return False
         suffix = path.suffix.lower()
         if suffix == SKIP_SUFFIX:
-            return Path(path.stem).suffix.lower() in SUFFIXES
+            return _suffix(path.stem).lower() in SUFFIXES
         return suffix in SUFFIXES
 
     def key(self, path: Path) -> str:
         """The stable identity of a file's ApplySet: consumer name and path relative to its root."""
-        root = self._root_of(path)
-        rel = path.relative_to(root).as_posix() if root is not None and path != root else path.name
-        return f"{self.name}:{rel}"
+        return f"{self.name}:{self._rel(path) or path.name}"
 
     # --- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -636,3 +642,9 @@ class KubeManifestsConsumer(BaseConsumer):
         self.log.info("%s %s: %d applied, %d pruned", "Applied" if verb == "apply" else "Removed", path,
                       out.applied, len(out.pruned))
         return Ack(data)
+
+
+def _suffix(name: str) -> str:
+    """``Path(name).suffix`` of a file name, without building the ``Path``."""
+    i = name.rfind(".")
+    return name[i:] if 0 < i < len(name) - 1 else ""
