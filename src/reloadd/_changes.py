@@ -165,6 +165,21 @@ class Recorded:
     per_dir: dict[str, int]  # how many of them each directory holds (a key's parent, as the walk names it)
 
 
+@dataclass(frozen=True)
+class Resume:
+    """Where a stopped walk of every root left off (:attr:`Diff.resume`): the next walk goes on from there.
+
+    Attributes:
+        jobs: The walk's jobs in the order the next walk takes them: the one stopped first, those not
+            begun, then those done (walked again: events may have been lost there meanwhile).
+        start: The stopped job's directories as :func:`~reloadd._scan.scan` takes them (``start``): those
+            left first, then those it had walked.
+    """
+
+    jobs: tuple[tuple[str, str, bool], ...]
+    start: tuple[str, ...]
+
+
 @dataclass
 class Diff:
     observe: dict[str, dict[str, object]] = field(default_factory=dict)
@@ -177,6 +192,8 @@ class Diff:
     stopped: bool = False
     """The walk was stopped before its end: ``observe`` holds what it met until then, and no path is judged
     gone (that needs the whole tree)."""
+    resume: Resume | None = None
+    """When stopped: where the next walk goes on (it still walks the whole tree, so it judges deletions)."""
 
 
 def diff(
@@ -189,6 +206,7 @@ def diff(
     listings: dict[str, Listing] | None = None,
     stop: threading.Event | None = None,
     recorded: dict[str, Recorded] | None = None,
+    resume: Resume | None = None,
 ) -> Diff:
     """Walk and compare with each consumer's acknowledged fingerprints (blocking).
 
@@ -205,7 +223,9 @@ def diff(
     once more to name them.
 
     With ``stop``, the walk ends at its next directory (or chunk of a big one) once the event is set:
-    the result holds what it met (``Diff.stopped``).
+    the result holds what it met (``Diff.stopped``) and where it stopped (``Diff.resume``). With
+    ``resume`` (for the same jobs), the walk goes on from there instead of beginning again, and walks
+    what the stopped one had walked last: it still meets every directory once.
 
     With ``recorded`` (the caller's memo, kept across walks), a consumer's recorded paths under the scope
     are taken from it while its keys are those it was built from (:class:`Recorded`).
@@ -216,7 +236,10 @@ def diff(
     compares = [_Compare(v, scopes, forced, overlap, recorded) for v in views]
 
     trust = Trust(covered, local_devices(), *share, listings=listings) if covered else None
-    for top, root, recursive in jobs:
+    order, first = list(jobs), None
+    if resume is not None and sorted(resume.jobs) == sorted(jobs):
+        order, first = list(resume.jobs), list(resume.start)
+    for i, (top, root, recursive) in enumerate(order):
         # Only the consumers whose roots meet this walk's top compare its chunks: a path under another
         # consumer's root is not learned (and memoised) as "not mine" by every other consumer, every rescan.
         mine = [c for c in compares if c.meets(top)]
@@ -228,11 +251,11 @@ def diff(
         found: Found = {}
         listed: set[str] = set()
         try:
-            scan(top, root, recursive, found, errors, sink, trust, listed, stop)
+            scan(top, root, recursive, found, errors, sink, trust, listed, stop, first if i == 0 else None)
             sink(found, listed)
-        except WalkStopped:  # what it met until then is observed; nothing is judged gone
+        except WalkStopped as stopped:  # what it met until then is observed; nothing is judged gone
             sink(found, listed)
-            out = Diff(stopped=True)
+            out = Diff(stopped=True, resume=Resume((*order[i:], *order[:i]), (*stopped.done, *stopped.left)))
             for c in compares:
                 out.observe[c.view.name] = c.observe
             return out

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._aggregator import Aggregator, Key, Pending
-from ._changes import CHANGED, UNREADABLE, Recorded, View, diff, digest_all, steady
+from ._changes import CHANGED, UNREADABLE, Recorded, Resume, View, diff, digest_all, steady
 from ._consumer import BaseConsumer, Consumer
 from ._drift import DriftBook
 from ._filters import PathFilter, under
@@ -47,7 +47,9 @@ _OFFLOAD = 64  # probes beyond this many go to a worker thread
 _STEP = 1024  # keys of a walk's findings taken in, and settled, per turn at least (see Engine._feed)
 _FEED_MAX = 4096  # keys settled per turn at most (a fast consumer's backlog: see Engine._feed)
 _OWNS_CACHE = 1 << 15  # memoised filter verdicts; recorded paths never need one
-_RESTARTS = 3  # walks in a row a newer loss may stop (then one runs to its end: deletions need a whole walk)
+_STORM_STEP = 256  # keys settled per turn then (a step's digests take ~15 ms, not ~60)
+_STORM = 2.0  # seconds after a loss of events during which settling goes in the smallest steps (see Engine._feed)
+_STOP_FOR = 60.0  # seconds walks of every root may keep being stopped for newer losses (then one runs to its end)
 
 
 @dataclass
@@ -205,7 +207,9 @@ class Engine:
         self._loss_waiting = False  # a source's loss of events is queued: its rescan goes before settling
         self._waiter: asyncio.Future[None] | None = None  # the pump waits on it for the next event
         self._walk_stop: threading.Event | None = None  # set to stop the walk of every root running now
-        self._restarts = 0  # walks of every root stopped in a row (bounded by _RESTARTS)
+        self._stopping_since: float | None = None  # the first of the walks stopped in a row (see _STOP_FOR)
+        self._resume: Resume | None = None  # where the last walk of every root was stopped
+        self._lost = -_STORM  # time.monotonic() of the latest loss of events a source reported
         self._timers: set[asyncio.TimerHandle] = set()  # drift corrections waiting out their backoff
         self._found: deque[_Findings] = deque()  # walks' findings not yet taken into the aggregator
 
@@ -215,9 +219,12 @@ class Engine:
         self._put(event)
         if type(event) is SourceEvent and event.lost_at is not None:
             self._loss_waiting = True
-            if self._walk_stop is not None and self._restarts < _RESTARTS:
+            self._lost = time.monotonic()
+            since = self._stopping_since
+            if self._walk_stop is not None and (since is None or time.monotonic() - since < _STOP_FOR):
                 # A walk running now may have passed where events were just lost: it stops at its next
-                # directory (what it met is kept) and the new loss's walk starts at once, not after it.
+                # directory (what it met is kept) and the new loss's walk starts at once, going on where
+                # that one stopped, then walking again what it had walked.
                 self._walk_stop.set()
         self.on_change()
 
@@ -499,9 +506,11 @@ class Engine:
         ``list()`` for the deletion pass.
 
         A walk of every root (neither the start-up pass nor a forced one) stops at its next
-        directory when events are lost again meanwhile (:meth:`emit`), at most :data:`_RESTARTS`
-        times in a row: what it met is observed, nothing is judged gone, and the new loss's walk
-        starts at once instead of after it.
+        directory when events are lost again meanwhile (:meth:`emit`), for up to :data:`_STOP_FOR`
+        seconds of walks stopped in a row: what it met is observed, nothing is judged gone, and the
+        new loss's walk starts at once instead of after it. That walk goes on where the stopped one
+        was and then walks again what it had walked (:class:`~reloadd._changes.Resume`): a storm of
+        losses costs no walk begun again from the top, and each walk still meets the whole tree.
         """
         slots = [self.slots[only]] if only else list(self.slots.values())
         jobs: list[tuple[str, str, bool]] = []  # (top, root, recursive)
@@ -535,20 +544,24 @@ class Engine:
         # A walk of every root may be stopped for a newer loss (not the start-up pass: readiness waits for its end).
         stoppable = tops is None and only is None and not forced and reason is not Reason.STARTUP
         stop = threading.Event() if stoppable else None
+        resume = self._resume if stoppable and covered is None else None
         self._walk_stop = stop
         try:
             found = await asyncio.to_thread(diff, jobs, views, scopes, forced, covered, share, self._listings, stop,
-                                            self._recorded)
+                                            self._recorded, resume)
         finally:
             self._walk_stop = None
         if found.stopped:
-            self._restarts += 1
+            if self._stopping_since is None:
+                self._stopping_since = time.monotonic()
+            self._resume = found.resume
             self.stats.restarted_rescans += 1
             now_covered = None  # not every directory was walked: trust nothing new
             if covered is not None:
                 self._tick -= 1  # its share of the stat rotation was not done: the next periodic walk does it
-        elif stop is not None:
-            self._restarts = 0
+        elif tops is None and only is None:
+            self._stopping_since = None  # a whole walk of every root: nothing to go on with
+            self._resume = None
         if now_covered is not None:
             self._trusted = now_covered  # this walk stat-ed whole every directory it did not trust
             for d in [d for d in self._listings if d not in now_covered]:
@@ -655,8 +668,12 @@ class Engine:
         What is settled and handed over in one step is held in memory at once (probes, digests, queued
         items): a slow consumer's queue is fed 1,024 at a time. A queue whose consumer acknowledges fast
         grows its batches while a backlog waits beyond the batch it took (``WorkQueue.batch_size``), and
-        the feed grows with them, up to :data:`_FEED_MAX`.
+        the feed grows with them, up to :data:`_FEED_MAX`. For :data:`_STORM` seconds after events were
+        lost it is :data:`_STORM_STEP`: the next loss's walk waits for a settling step to end, so the
+        step is kept short (an overflow's rescan starts within ~100 ms of it, not after 1,024 digests).
         """
+        if time.monotonic() - self._lost < _STORM:
+            return _STORM_STEP
         batch = max((slot.queue.batch_size for slot in self.slots.values()), default=0)
         return max(_STEP, min(2 * batch, _FEED_MAX))
 

@@ -210,7 +210,18 @@ def walk(top: Path, root: Path, *, recursive: bool = True) -> Iterator[tuple[Pat
 
 
 class WalkStopped(Exception):
-    """A :func:`scan` was stopped (its ``stop`` was set) before its end."""
+    """A :func:`scan` was stopped (its ``stop`` was set) before its end.
+
+    Attributes:
+        left: The directories it had still to walk, the one it was in first (a walk resumed from
+            ``left + done`` walks them first, then walks the others again).
+        done: The directories it walked to their end.
+    """
+
+    def __init__(self, left: list[str] | None = None, done: list[str] | None = None) -> None:
+        super().__init__("walk stopped")
+        self.left = left or []
+        self.done = done or []
 
 
 def scan(
@@ -223,6 +234,7 @@ def scan(
     trust: Trust | None = None,
     listed: set[str] | None = None,
     stop: threading.Event | None = None,
+    start: list[str] | None = None,
 ) -> None:
     """:func:`walk` for the periodic rescan: fill ``found`` (path -> fingerprint tuple) and ``errors``.
 
@@ -244,7 +256,10 @@ def scan(
     :data:`SCAN_CHUNK` entries or more, so a walk of 100k files never holds them all
     (the caller hands over what is left at the end).
 
-    With ``stop``, :class:`WalkStopped` is raised at the next directory or chunk of names once it is set.
+    With ``stop``, :class:`WalkStopped` is raised at the next directory or chunk of names once it is set;
+    it says which directories were walked and which were not. With ``start`` (a stopped walk's
+    ``left + done``), the walk takes those directories from the end of the list, each once, instead of
+    beginning at ``top``: it goes on where the stopped one was, then walks again what that one had walked.
     """
     try:
         st = os.stat(top) if top == root else os.lstat(top)  # a root may be a symlink to its directory
@@ -254,13 +269,19 @@ def scan(
         _probe_into(top, root, found, errors)
         return
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-    stack = [top]
+    stack = [top] if start is None else list(start)
+    walked: set[str] = set()  # each directory once (a resumed walk meets some of its start list again)
+    done: list[str] = []
     while stack:
         if stop is not None and stop.is_set():
-            raise WalkStopped
+            raise WalkStopped(stack, done)
         d = stack.pop()
+        if d in walked:
+            continue
+        walked.add(d)
+        done.append(d)
         try:  # below the top, never through a symlink swapped in since the lstat
-            fd = os.open(d, flags if d is top and top == root else flags | os.O_NOFOLLOW)
+            fd = os.open(d, flags if d == top and top == root else flags | os.O_NOFOLLOW)
         except OSError:
             continue
         others: list[str] | None = None  # a covered directory's names that are not regular files
@@ -284,7 +305,7 @@ def scan(
                         names = [e.name for e in chunk]
                     _scan_names(names, prefix, fd, root, recursive, found, errors, stack)
                     if stop is not None and stop.is_set():
-                        raise WalkStopped
+                        raise WalkStopped([*stack, d], done[:-1])  # this one from its start again, first
                     if sink is not None and len(found) + (len(listed) if listed else 0) >= SCAN_CHUNK:
                         sink(found, listed if listed is not None else set())
                         found.clear()

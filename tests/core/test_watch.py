@@ -141,8 +141,8 @@ async def test_a_loss_during_a_walk_stops_it_and_the_new_walk_finds_everything(
     real, calls = reloadd._changes.scan, []
 
     def held_walk(*args, **kwargs):  # the first walk is held at its start until the test has lost events
-        if not calls:
-            calls.append(1)
+        calls.append(args[9:] or kwargs.get("start"))
+        if len(calls) == 1:
             entered.set()
             release.wait(10)
         return real(*args, **kwargs)
@@ -160,7 +160,8 @@ async def test_a_loss_during_a_walk_stops_it_and_the_new_walk_finds_everything(
                        and got.changes_for(files[1])[-1].fingerprint.size == len("v2, longer"), timeout=10)
     await r.wait_idle(10)
     assert eng.stats.restarted_rescans == 1
-    assert eng.stats.rescans == walks + 2  # the stopped walk and the whole one after it
+    assert eng.stats.rescans == walks + 2  # the stopped walk and the whole one after it...
+    assert calls[1] and str(root) in calls[1][0]  # ...which went on from where the stopped one was
     assert not any(c.kind is ChangeKind.DELETED for f in files[1:] for c in rec.changes_for(f))
 
 
