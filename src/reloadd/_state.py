@@ -138,6 +138,7 @@ class RecordStore(Mapping[Path, PathRecord]):
         self._buffer: list[str] = []
         self._journal_lines = 0
         self._compact_after = compact_after
+        self._snapshot_size = 0  # records the snapshot holds (the journal may grow as long before a compaction)
 
     # Mapping interface -------------------------------------------------------------
     def __getitem__(self, key: Path | str) -> PathRecord:
@@ -235,6 +236,7 @@ class RecordStore(Mapping[Path, PathRecord]):
         """Snapshot plus journal: the records, the journal's line count, and where its good part ends."""
         records: dict[str, bytes] = {}
         self._gen = 0
+        self._snapshot_size = 0
         try:
             raw = json.loads(self._snapshot.read_bytes())
             if raw.get("version") != _VERSION:
@@ -242,6 +244,7 @@ class RecordStore(Mapping[Path, PathRecord]):
             self._gen = int(raw.get("gen", 0))
             for p, r in raw.get("records", {}).items():
                 records[p] = from_json(r)
+            self._snapshot_size = len(records)
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -333,7 +336,10 @@ class RecordStore(Mapping[Path, PathRecord]):
             return None
         lines, self._buffer = self._buffer, []
         snapshot = None
-        if self._journal_lines + len(lines) > max(self._compact_after, len(self._records)):
+        # Compacted once the journal outgrows the records both as the snapshot holds them and as they are now:
+        # loading replays at most about twice the snapshot, and a mass removal (100,000 paths acknowledged
+        # gone in a burst) writes one small snapshot at its end, not one each time half the rest is gone.
+        if self._journal_lines + len(lines) > max(self._compact_after, self._snapshot_size, len(self._records)):
             snapshot = dict(self._records)  # values are immutable: a shallow copy, encoded by write()
         return FlushJob(lines, snapshot)
 
@@ -390,6 +396,7 @@ class RecordStore(Mapping[Path, PathRecord]):
         old = self._journal
         atomic_write(self._snapshot, _snapshot_chunks(self._gen + 1, records))
         self._gen += 1
+        self._snapshot_size = len(records)
         with contextlib.suppress(OSError):
             os.unlink(old)
         self._journal_lines = 0

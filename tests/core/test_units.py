@@ -244,6 +244,40 @@ def test_state_journal_replay_torn_line_and_compaction(tmp_path):
     assert oct(os.stat(tmp_path / "st").st_mode & 0o777) == "0o700"
 
 
+def test_a_mass_removal_writes_one_snapshot_not_one_per_halving(tmp_path, monkeypatch):
+    """Removing 1,000 of 1,000 recorded paths a batch of 10 at a time: the journal may grow as long as the
+    snapshot before it is compacted, so the removal writes one small snapshot at its end (it wrote a snapshot
+    of the remaining records each time the journal outgrew them: 500, 250, 125... of them) and the state
+    read back is right at every point."""
+    import reloadd._state
+
+    s = RecordStore(tmp_path / "st", compact_after=10)
+    s.load()
+    for i in range(1000):
+        s.put(Path(f"/f{i}"), PathRecord(FP1))
+    s.compact()
+    written: list[int] = []
+    real = reloadd._state.RecordStore._compact
+
+    def counted(self, records):  # type: ignore[no-untyped-def]
+        written.append(len(records))
+        real(self, records)
+
+    monkeypatch.setattr(reloadd._state.RecordStore, "_compact", counted)
+    for start in range(0, 1000, 10):
+        for i in range(start, start + 10):
+            s.drop(Path(f"/f{i}"))
+        s.flush()
+        if start == 500:
+            half = RecordStore(tmp_path / "st")
+            half.load()
+            assert set(half) == {Path(f"/f{i}") for i in range(510, 1000)}
+    assert sum(written) <= 10, written  # one compaction (of what was left then), not ~1,000 records rewritten
+    again = RecordStore(tmp_path / "st")
+    again.load()
+    assert len(again) == 0
+
+
 def test_atomic_write_on_a_full_disk_leaves_old_file(tmp_path):
     import subprocess
 
