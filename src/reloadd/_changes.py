@@ -207,6 +207,7 @@ def diff(
     stop: threading.Event | None = None,
     recorded: dict[str, Recorded] | None = None,
     resume: Resume | None = None,
+    publish: Callable[[str, dict[str, object]], None] | None = None,
 ) -> Diff:
     """Walk and compare with each consumer's acknowledged fingerprints (blocking).
 
@@ -229,6 +230,10 @@ def diff(
 
     With ``recorded`` (the caller's memo, kept across walks), a consumer's recorded paths under the scope
     are taken from it while its keys are those it was built from (:class:`Recorded`).
+
+    With ``publish``, what a chunk of the walk found to differ is handed to it (consumer, path -> seen) as
+    the walk goes, from the walk's thread, and not kept: the result holds only what came after the last
+    chunk (the paths judged gone, at the end).
     """
     errors: dict[str, str] = {}
     tops = [top for top, _, _ in jobs]
@@ -247,6 +252,9 @@ def diff(
         def sink(found: Found, listed: set[str], mine: list[_Compare] = mine) -> None:
             for c in mine:
                 c.take(found, listed)
+                if publish is not None and c.observe:
+                    publish(c.view.name, c.observe)  # what differs so far goes out now, not after the walk
+                    c.observe = {}
 
         found: Found = {}
         listed: set[str] = set()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._aggregator import Aggregator, Key, Pending
-from ._changes import CHANGED, UNREADABLE, Recorded, Resume, View, diff, digest_all, steady
+from ._changes import CHANGED, UNREADABLE, Diff, Recorded, Resume, View, diff, digest_all, steady
 from ._consumer import BaseConsumer, Consumer
 from ._drift import DriftBook
 from ._filters import PathFilter, under
@@ -49,6 +49,7 @@ _FEED_MAX = 4096  # keys settled per turn at most (a fast consumer's backlog: se
 _OWNS_CACHE = 1 << 15  # memoised filter verdicts; recorded paths never need one
 _STORM_STEP = 256  # keys settled per turn then (a step's digests take ~15 ms, not ~60)
 _STORM = 2.0  # seconds after a loss of events during which settling goes in the smallest steps (see Engine._feed)
+_FLOW = 0.05  # seconds between looks at what a running walk found so far (see Engine._while_walking)
 _STOP_FOR = 60.0  # seconds walks of every root may keep being stopped for newer losses (then one runs to its end)
 
 
@@ -210,6 +211,7 @@ class Engine:
         self._stopping_since: float | None = None  # the first of the walks stopped in a row (see _STOP_FOR)
         self._resume: Resume | None = None  # where the last walk of every root was stopped
         self._lost = -_STORM  # time.monotonic() of the latest loss of events a source reported
+        self._walking: Counter[str] = Counter()  # consumers under a walk running now
         self._timers: set[asyncio.TimerHandle] = set()  # drift corrections waiting out their backoff
         self._found: deque[_Findings] = deque()  # walks' findings not yet taken into the aggregator
 
@@ -280,13 +282,15 @@ class Engine:
         What ``after`` waits for: a path held longer (a log kept open, a file that keeps growing)
         no longer holds other consumers back; it stays listed in status as held.
         """
-        return (self._in_hand_by[consumer] > 0 or self._found_left(consumer) > 0
+        return (self._in_hand_by[consumer] > 0 or self._walking[consumer] > 0 or self._found_left(consumer) > 0
                 or self.agg.holds_fresh(consumer, self.clock()))
 
     def holds_any(self, consumer: str, paths: Callable[[Path], bool]) -> bool:
         """Whether a path of ``consumer`` for which ``paths`` is true is settling (as :meth:`holds` counts)."""
         if not self.holds(consumer):
             return False
+        if self._walking[consumer] > 0:
+            return True  # a walk under way may still find such a path: not known until it ends
         if any(k[0] == consumer and paths(Path(k[1])) for k in self._in_hand):
             return True
         for f in self._found:
@@ -545,12 +549,22 @@ class Engine:
         stoppable = tops is None and only is None and not forced and reason is not Reason.STARTUP
         stop = threading.Event() if stoppable else None
         resume = self._resume if stoppable and covered is None else None
+        published: deque[tuple[str, dict[str, object]]] = deque()  # appended to by the walk's thread as it goes
+        walking = [s.name for s in slots]
+        self._walking.update(walking)
         self._walk_stop = stop
+        walk = asyncio.ensure_future(asyncio.to_thread(
+            diff, jobs, views, scopes, forced, covered, share, self._listings, stop, self._recorded, resume,
+            lambda name, seen: published.append((name, seen))))
         try:
-            found = await asyncio.to_thread(diff, jobs, views, scopes, forced, covered, share, self._listings, stop,
-                                            self._recorded, resume)
+            found = await self._while_walking(walk, published, reason, forced)
         finally:
             self._walk_stop = None
+            self._walking.subtract(walking)
+            if not walk.done():
+                if stop is not None:
+                    stop.set()
+                walk.cancel()
         if found.stopped:
             if self._stopping_since is None:
                 self._stopping_since = time.monotonic()
@@ -578,6 +592,7 @@ class Engine:
                     slot.queue.guard.remember_roots(found.roots[view.name])
         for key, error in found.errors:
             self._warn(key, error)
+        self._take_published(published, reason, forced)
         when = self.clock()
         for name, seen in found.observe.items():
             if seen and name in self.slots:
@@ -586,6 +601,33 @@ class Engine:
         for slot in slots:
             if len(slot._owns) > _OWNS_CACHE:
                 slot._owns = {}  # the walk's verdicts served their observations: drop a 100k-path table
+
+    async def _while_walking(self, walk: asyncio.Future[Diff], published: deque[tuple[str, dict[str, object]]],
+                             reason: Reason, forced: bool) -> Diff:
+        """Wait for ``walk``, settling what it found so far meanwhile: its findings flow out as it walks.
+
+        Every :data:`_FLOW` seconds, what the walk published is taken as findings (due a quiet period after
+        they were taken, as a walk's findings are after it ends), a step of them goes into the aggregator
+        once due, and what is due is settled and handed over. A consumer under a running walk
+        :meth:`holds` (its ``after`` dependents and group mates wait for the walk's end).
+        """
+        while True:
+            await asyncio.wait({walk}, timeout=_FLOW)
+            self._take_published(published, reason, forced)
+            if walk.done():
+                return walk.result()
+            if self._found and self.clock() >= self._found[0].when + self.agg.timing(self._found[0].name).quiet:
+                self._take_found(self._feed())
+            await self._settle_due()
+            self.on_change()
+
+    def _take_published(self, published: deque[tuple[str, dict[str, object]]], reason: Reason, forced: bool) -> None:
+        """Queue what a running walk found so far as findings (taken into the aggregator a step at a time)."""
+        when = self.clock()
+        while published:
+            name, seen = published.popleft()
+            if name in self.slots:
+                self._found.append(_Findings(name, seen, when, reason, forced))
 
     def _take_found(self, limit: int) -> None:
         """Take up to ``limit`` of the walks' findings into the aggregator (oldest walk first).

@@ -165,6 +165,50 @@ async def test_a_loss_during_a_walk_stops_it_and_the_new_walk_finds_everything(
     assert not any(c.kind is ChangeKind.DELETED for f in files[1:] for c in rec.changes_for(f))
 
 
+async def test_a_walks_findings_are_handed_over_while_it_still_walks(tmp_path, recorder_cls, start_reloader,
+                                                                     monkeypatch):
+    """A rescan's findings flow out as it walks, not after it: the walk is held after its first chunk of
+    names until the consumer has what that chunk found, which it gets while the walk is still under way."""
+    import threading
+
+    import reloadd._changes
+    import reloadd._scan
+    from reloadd._sources.base import EventKind, SourceEvent
+
+    root = tmp_path / "root"
+    root.mkdir()
+    rec = recorder_cls([root])
+    r = await start_reloader(rec, inotify=False, rescan_interval="1h")
+    files = [root / f"f{i:03d}.conf" for i in range(60)]
+    for f in files:
+        f.write_text("new")  # no watch: only the walk can find them
+    monkeypatch.setattr(reloadd._scan, "SCAN_CHUNK", 10)
+    takes, delivered, ended = [], threading.Event(), threading.Event()
+    real_take, real_scan = reloadd._changes._Compare.take, reloadd._changes.scan
+
+    def take(self, found, listed):  # type: ignore[no-untyped-def]
+        real_take(self, found, listed)
+        takes.append(len(found))
+        if len(takes) == 2:  # the first chunk is out: hold the walk until the consumer has some of it
+            delivered.wait(10)
+
+    def scan(*args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return real_scan(*args, **kwargs)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(reloadd._changes._Compare, "take", take)
+    monkeypatch.setattr(reloadd._changes, "scan", scan)
+    r.engine.emit(SourceEvent(EventKind.RESCAN, None, "rescan"))
+    await rec.wait_for(lambda got: any(c.path in files for c in got.changes), timeout=8)
+    assert not ended.is_set()  # handed over while the walk was held part-way
+    delivered.set()
+    await rec.wait_for(lambda got: set(files) <= {c.path for c in got.changes}, timeout=10)
+    await r.wait_idle(10)
+    assert all(len(rec.changes_for(f)) == 1 for f in files)  # each once: nothing handed over twice
+
+
 async def test_a_busy_loop_does_not_make_the_kernel_queue_overflow(tmp_path, recorder_cls, start_reloader):
     """Events are read by a thread of their own: a loop busy for a second (settling a burst, say)
     while 10,000 files are written (30,000 events, twice the kernel queue) costs no overflow rescan."""
