@@ -25,7 +25,7 @@ from typing import cast
 
 from ._filters import PathFilter, under
 from ._item import Item
-from ._packed import HAS_FP, digest_of, pack_record, pack_stat, stat_of
+from ._packed import digest_of, has_stat, pack_record, pack_stat, stat_of
 from ._prune import PruneGuard, RootId
 from ._scan import DigestCache, Found, Listing, Trust, WalkStopped, local_devices, scan
 from ._types import Change, ChangeKind, Fingerprint, PathRecord
@@ -401,7 +401,7 @@ class _Compare:
         get = self.view.records.get
         for key, fp in found.items():  # fp: the walk's stat, packed
             rec = get(key)
-            if rec is not None and rec[0] & HAS_FP and rec.startswith(fp, 1):  # has_stat, inlined (100k a walk)
+            if rec is not None and has_stat(rec, fp):
                 if held and key in held and owned(key):
                     observe[key] = fp  # acknowledged as it is, but held: taken up again
                 continue

@@ -329,12 +329,9 @@ class Engine:
     async def _pump(self) -> None:
         deferred = False  # the last turn put settling off for a rescan: the next one settles whatever comes
         while True:
+            ready = self._take_due_findings()
             deadline = self.agg.next_deadline()
-            if self._found:  # a walk's findings wait: the next share once the quiet period since the walk ran out
-                ready = self._found[0].when + self.agg.timing(self._found[0].name).quiet
-                if self.clock() >= ready:
-                    self._take_found(self._feed())
-                    deadline = self.agg.next_deadline()
+            if ready is not None:  # more findings wait: the pump comes back for them then
                 deadline = ready if deadline is None else min(deadline, ready)
             timeout = None if deadline is None else max(0.0, deadline - self.clock())
             events: list[SourceEvent | Force] = []
@@ -592,11 +589,8 @@ class Engine:
                     slot.queue.guard.remember_roots(found.roots[view.name])
         for key, error in found.errors:
             self._warn(key, error)
+        published.extend((name, seen) for name, seen in found.observe.items() if seen)  # what came after the last chunk
         self._take_published(published, reason, forced)
-        when = self.clock()
-        for name, seen in found.observe.items():
-            if seen and name in self.slots:
-                self._found.append(_Findings(name, seen, when, reason, forced))
         self._take_found(self._feed())  # the rest a settling step's worth per turn of the pump
         for slot in slots:
             if len(slot._owns) > _OWNS_CACHE:
@@ -616,10 +610,22 @@ class Engine:
             self._take_published(published, reason, forced)
             if walk.done():
                 return walk.result()
-            if self._found and self.clock() >= self._found[0].when + self.agg.timing(self._found[0].name).quiet:
-                self._take_found(self._feed())
+            self._take_due_findings()
             await self._settle_due()
             self.on_change()
+
+    def _take_due_findings(self) -> float | None:
+        """Take a settling step of the oldest findings in once their quiet period ran out.
+
+        Returns when the next findings are due (``None``: none wait).
+        """
+        if not self._found:
+            return None
+        ready = self._found[0].when + self.agg.timing(self._found[0].name).quiet
+        if self.clock() < ready:
+            return ready
+        self._take_found(self._feed())
+        return None if not self._found else self._found[0].when + self.agg.timing(self._found[0].name).quiet
 
     def _take_published(self, published: deque[tuple[str, dict[str, object]]], reason: Reason, forced: bool) -> None:
         """Queue what a running walk found so far as findings (taken into the aggregator a step at a time)."""

@@ -26,15 +26,13 @@ from typing import Any
 
 from ._types import Fingerprint, JSONValue, PathRecord
 
-__all__ = ["HAS_FP", "RecordView", "data_of", "digest_of", "dumps", "error_of", "fields_json", "from_json", "has_error",
+__all__ = ["RecordView", "data_of", "digest_of", "dumps", "error_of", "fields_json", "from_json", "has_error",
            "has_stat", "journal_json", "pack", "pack_json", "pack_record", "pack_stat", "stat_of",
            "unpack", "unpack_stat"]
 
 _FP = struct.Struct("<QQqq")
 _LEN = struct.Struct("<I")
 _HAS_FP, _HAS_SHA, _HAS_TEXT, _HAS_DATA, _HAS_ERROR = 1, 2, 4, 8, 16
-HAS_FP = _HAS_FP
-"""The flag bit (in a record's first byte) of a record that holds a fingerprint, at offset 1 (see :func:`has_stat`)."""
 _HEX = frozenset("0123456789abcdef")
 dumps = json.JSONEncoder(separators=(",", ":")).encode
 """Compact JSON text, as the state files hold it."""

@@ -270,16 +270,14 @@ def scan(
         return
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     stack = [top] if start is None else list(start)
-    walked: set[str] = set()  # each directory once (a resumed walk meets some of its start list again)
-    done: list[str] = []
+    done: dict[str, None] = {}  # walked, in order; each directory once (a resumed walk meets some again)
     while stack:
         if stop is not None and stop.is_set():
-            raise WalkStopped(stack, done)
+            raise WalkStopped(stack, list(done))
         d = stack.pop()
-        if d in walked:
+        if d in done:
             continue
-        walked.add(d)
-        done.append(d)
+        done[d] = None
         try:  # below the top, never through a symlink swapped in since the lstat
             fd = os.open(d, flags if d == top and top == root else flags | os.O_NOFOLLOW)
         except OSError:
@@ -305,7 +303,7 @@ def scan(
                         names = [e.name for e in chunk]
                     _scan_names(names, prefix, fd, root, recursive, found, errors, stack)
                     if stop is not None and stop.is_set():
-                        raise WalkStopped([*stack, d], done[:-1])  # this one from its start again, first
+                        raise WalkStopped([*stack, d], list(done)[:-1])  # this one from its start again, first
                     if sink is not None and len(found) + (len(listed) if listed else 0) >= SCAN_CHUNK:
                         sink(found, listed if listed is not None else set())
                         found.clear()
