@@ -18,7 +18,6 @@ for a held path (a consumer ``after`` this one, a group mate) waits at most
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -70,8 +69,7 @@ class Aggregator:
         self._timings = dict(timings or {})
         self._default = default or Timing()
         self._pending: dict[Key, Pending] = {}
-        self._heap: list[tuple[float, int, Key]] = []
-        self._seq = itertools.count()
+        self._heap: list[tuple[float, Key]] = []  # equal times go in key order: no sequence number per entry
         self._per_consumer: Counter[str] = Counter()
         self.coalesced = 0
         """Events folded into an already-pending entry (a metric)."""
@@ -214,13 +212,13 @@ class Aggregator:
 
     def _push(self, key: Key, p: Pending) -> None:
         p.queued = when = self._due_at(key, p)
-        heapq.heappush(self._heap, (when, next(self._seq), key))
+        heapq.heappush(self._heap, (when, key))
 
     def _top(self) -> tuple[float, Key, Pending] | None:
         """The earliest live heap entry, with stale ones dropped and late ones moved on."""
         heap = self._heap
         while heap:
-            when, _, key = heap[0]
+            when, key = heap[0]
             p = self._pending.get(key)
             if p is None or p.queued != when:
                 heapq.heappop(heap)  # superseded by an earlier entry, or released
