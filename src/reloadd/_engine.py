@@ -49,6 +49,7 @@ _FEED_MAX = 4096  # keys settled per turn at most (a fast consumer's backlog: se
 _OWNS_CACHE = 1 << 15  # memoised filter verdicts; recorded paths never need one
 _STORM_STEP = 256  # keys settled per turn then (a step's digests take ~15 ms, not ~60)
 _STORM = 2.0  # seconds after a loss of events during which settling goes in the smallest steps (see Engine._feed)
+_CADENCE = 0.02  # seconds at least between settling steps that each took all that was due (a trickle; see _pump)
 _FLOW = 0.05  # seconds between looks at what a running walk found so far (see Engine._while_walking)
 _STOP_FOR = 60.0  # seconds walks of every root may keep being stopped for newer losses (then one runs to its end)
 
@@ -210,6 +211,8 @@ class Engine:
         self._walk_stop: threading.Event | None = None  # set to stop the walk of every root running now
         self._stopping_since: float | None = None  # the first of the walks stopped in a row (see _STOP_FOR)
         self._resume: Resume | None = None  # where the last walk of every root was stopped
+        self._settled_at = 0.0  # time.monotonic() of the latest settling step that handed something over
+        self._drained = False  # that step took everything due at its time (see _cadence)
         self._lost = -_STORM  # time.monotonic() of the latest loss of events a source reported
         self._walking: Counter[str] = Counter()  # consumers under a walk running now
         self._timers: set[asyncio.TimerHandle] = set()  # drift corrections waiting out their backoff
@@ -333,7 +336,7 @@ class Engine:
             deadline = self.agg.next_deadline()
             if ready is not None:  # more findings wait: the pump comes back for them then
                 deadline = ready if deadline is None else min(deadline, ready)
-            timeout = None if deadline is None else max(0.0, deadline - self.clock())
+            timeout = None if deadline is None else max(0.0, deadline - self.clock(), self._cadence())
             events: list[SourceEvent | Force] = []
             if self.inbox.empty():
                 if timeout == 0.0:
@@ -349,11 +352,23 @@ class Engine:
                     await self._process(events)
                 # Events lost while that ran: their rescan goes first, settling waits one turn (not two).
                 deferred = self._loss_waiting and not deferred
-                if not deferred:
+                if not deferred and self._cadence() == 0.0:
                     await self._settle_due()
             finally:
                 self.busy = False
                 self.on_change()
+
+    def _cadence(self) -> float:
+        """Seconds the next settling step waits: while paths trickle in, steps come at most every :data:`_CADENCE`.
+
+        A step that took everything due at its time is followed by the next one no sooner than ``_CADENCE``
+        later: paths falling due one after another (a writer at a few thousand files a second) go in a step
+        and a batch every 20 ms, not one each a few milliseconds apart (each step and batch costs thread
+        hand-offs, a prune verdict, a journal write). A step cut short by its size is followed at once.
+        """
+        if not self._drained:
+            return 0.0
+        return max(0.0, self._settled_at + _CADENCE - time.monotonic())
 
     async def _arrival(self, timeout: float | None) -> None:
         """Wait until an event is queued, or ``timeout`` seconds.
@@ -681,9 +696,11 @@ class Engine:
     # Settling --------------------------------------------------------------------
     async def _settle_due(self) -> None:
         now = self.clock()
-        due = self.agg.due(now, limit=self._feed())  # the rest is due at once: the pump comes straight back
+        limit = self._feed()
+        due = self.agg.due(now, limit=limit)  # the rest is due at once: the pump comes straight back
         if not due:
             return
+        self._settled_at, self._drained = time.monotonic(), len(due) < limit
         jobs = [(key, self._root_of(key)) for key in due]
         if len(jobs) > _OFFLOAD:
             probes = await asyncio.to_thread(_probe_all, jobs)
