@@ -634,13 +634,14 @@ class Engine:
 
         Returns when the next findings are due (``None``: none wait).
         """
-        if not self._found:
-            return None
-        ready = self._found[0].when + self.agg.timing(self._found[0].name).quiet
-        if self.clock() < ready:
-            return ready
-        self._take_found(self._feed())
-        return None if not self._found else self._found[0].when + self.agg.timing(self._found[0].name).quiet
+        if self._found and self.clock() >= self._findings_ready():
+            self._take_found(self._feed())
+        return self._findings_ready() if self._found else None
+
+    def _findings_ready(self) -> float:
+        """When the oldest waiting findings are due: a quiet period after their walk took them."""
+        f = self._found[0]
+        return f.when + self.agg.timing(f.name).quiet
 
     def _take_published(self, published: deque[tuple[str, dict[str, object]]], reason: Reason, forced: bool) -> None:
         """Queue what a running walk found so far as findings (taken into the aggregator a step at a time)."""

@@ -377,9 +377,8 @@ def _probe_into(path: str, root: str, found: Found, errors: dict[str, str]) -> N
 
 
 def _still(fd: int, fp: Fingerprint) -> bool:
-    st = os.fstat(fd)  # compared field by field: no Fingerprint built for the answer
-    return (stat.S_ISREG(st.st_mode) and st.st_ino == fp[0] and st.st_size == fp[1] and st.st_mtime_ns == fp[2]
-            and st.st_ctime_ns == fp[3])
+    st = os.fstat(fd)
+    return stat.S_ISREG(st.st_mode) and Fingerprint.from_stat(st) == fp
 
 
 class DigestCache:
