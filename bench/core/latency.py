@@ -23,7 +23,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "watchfiles": ["--step", "50", "--debounce", "1600"],
     },
     "defaults": {
-        "title": "defaults: reloadd quiet=200ms max_delay=5s; watchfiles step=50 debounce=1600 (its defaults)",
+        "title": "defaults: reloadd quiet=50ms max_delay=5s; watchfiles step=50 debounce=1600 (its defaults)",
         "reloadd": [],
         "watchfiles": [],
     },

@@ -92,7 +92,7 @@ def write_config(root: Path, folders: Path, ctd_address: str, kubeconfig: Path |
     lines = [
         "[reloadd]",
         f"state_dir = {_toml(root / 'state')}",
-        'quiet = "200ms"',
+        'quiet = "50ms"',
         f"control_socket = {_toml(root / 'control.sock')}",
         f"pid_file = {_toml(root / 'reloadd.pid')}",
         f'metrics_listen = "127.0.0.1:{port}"',

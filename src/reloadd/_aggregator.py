@@ -34,7 +34,7 @@ Key = tuple[str, str]
 class Timing:
     """Settle timing of one consumer, in seconds."""
 
-    quiet: float = 0.2
+    quiet: float = 0.05
     max_delay: float = 5.0
     max_hold: float = 60.0
     at_once: bool = False

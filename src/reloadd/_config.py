@@ -5,7 +5,7 @@
 state_dir = "/var/lib/reloadd"
 rescan_interval = "15s"
 full_rescan_interval = "60s"
-quiet = "200ms"
+quiet = "50ms"
 max_delay = "5s"
 
 [[consumer]]
@@ -100,7 +100,7 @@ class Config:
     state_dir: Path | None
     rescan_interval: float = 15.0
     full_rescan_interval: float = 60.0
-    quiet: float = 0.2
+    quiet: float = 0.05
     max_delay: float = 5.0
     max_hold: float = 60.0
     shutdown_grace: float = 10.0
@@ -156,7 +156,7 @@ def parse_config(doc: dict[str, Any], source: Path | None = None) -> Config:
         return Path(value) if value is not None else None
 
     state_dir = None if g.str("state_dir", "/var/lib/reloadd") == "" else p("state_dir", "/var/lib/reloadd")
-    quiet = g.duration("quiet", 0.2, maximum=MAX_QUIET)
+    quiet = g.duration("quiet", 0.05, maximum=MAX_QUIET)
     max_delay = g.duration("max_delay", 5.0)
     max_hold = g.duration("max_hold", 60.0)
     rescan_interval = g.duration("rescan_interval", 15.0)

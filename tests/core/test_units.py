@@ -194,7 +194,7 @@ def test_config_relative_paths_and_defaults(tmp_path):
                   'paths = ["watched"]\nquiet = "1s"\nmax_delay = "9s"\n[consumer.options]\ncommand = ["true"]\n')
     cfg = load_config(p)
     assert cfg.state_dir == tmp_path / "state"
-    assert cfg.rescan_interval == 15.0 and cfg.quiet == 0.2 and cfg.max_delay == 5.0
+    assert cfg.rescan_interval == 15.0 and cfg.quiet == 0.05 and cfg.max_delay == 5.0
     (c,) = cfg.consumers
     assert c.paths == (tmp_path / "watched",) and c.quiet == 1.0 and c.max_delay == 9.0
     assert c.options == {"command": ["true"]}
