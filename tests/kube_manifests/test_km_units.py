@@ -175,3 +175,51 @@ async def test_move_grace_waits_until_the_objects_have_another_file_or_the_windo
     assert MoveGrace(0.0, trigger).wait_for(gone, "m:gone.yaml", {a}, set()) == 0.0, "0 disables waiting"
     moves.close()
     short.close()
+
+
+async def test_reading_a_small_manifest_allocates_what_it_holds_not_the_size_limit(tmp_path: Path) -> None:
+    # Regression: the whole max_file_size (5 MiB) was allocated (and mapped, and unmapped) for every file
+    # read, whatever it held: the largest Python allocation of a daemon's start-up pass over small files.
+    import tracemalloc
+
+    from reloadd_kube_manifests import load_manifest
+
+    p = tmp_path / "cm.yaml"
+    p.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: small\n")
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        manifest = await load_manifest(p, max_bytes=5 * 1024 * 1024)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert [o.body["metadata"]["name"] for o in manifest.objects] == ["small"]
+    assert peak < 1024 * 1024, f"reading a 60-byte manifest peaked at {peak} bytes"
+
+
+async def test_a_manifest_is_read_whole_up_to_the_limit_even_when_it_grew_after_the_stat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from reloadd_kube_manifests import ManifestError, _manifests, load_manifest
+
+    text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: grown\n"
+    p = tmp_path / "cm.yaml"
+    p.write_text(text)
+    assert [o.body["metadata"]["name"] for o in (await load_manifest(p, max_bytes=len(text))).objects] == ["grown"]
+    with pytest.raises(ManifestError, match="larger than"):
+        await load_manifest(p, max_bytes=len(text) - 1)
+
+    real = os.fstat
+
+    class Shrunk:  # the stat as it was before the writer appended
+        def __init__(self, st: os.stat_result) -> None:
+            self.st_size = 8
+            self.st_mode = st.st_mode
+
+    monkeypatch.setattr(_manifests.os, "fstat", lambda fd: Shrunk(real(fd)))
+    assert [o.body["metadata"]["name"] for o in (await load_manifest(p, max_bytes=len(text))).objects] == ["grown"]
+    with pytest.raises(ManifestError, match="larger than"):
+        await load_manifest(p, max_bytes=len(text) - 1)

@@ -8,6 +8,7 @@ reference does not stop the others.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,11 @@ def parse_list(text: str) -> tuple[list[tuple[int, str]], list[str]]:
 async def read_list(path: Path) -> str:
     """Read a list file as UTF-8 text (bounded), through aiofiles."""
     async with aiofiles.open(path, "rb") as f:
-        raw = await f.read(LIST_LIMIT + 1)
+        # What the file holds, plus one byte to see it grew: not LIST_LIMIT + 1 allocated per read.
+        want = min(os.fstat(f.fileno()).st_size, LIST_LIMIT) + 1
+        raw = await f.read(want)
+        if len(raw) == want <= LIST_LIMIT:  # it grew since the fstat: read on, up to the limit
+            raw += await f.read(LIST_LIMIT + 1 - want)
     if len(raw) > LIST_LIMIT:
         raise ValueError(f"list is larger than {LIST_LIMIT} bytes")
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,7 +277,12 @@ async def load_manifest(path: Path, *, max_bytes: int, max_nodes: int = 1_000_00
     """
     try:
         async with aiofiles.open(path, "rb") as f:
-            data = await f.read(max_bytes + 1)
+            # As many bytes as the file holds, plus one to see it grew: a read of max_bytes + 1 allocates
+            # that much (5 MiB) up front, whatever the file holds, for every file a worker reads.
+            want = min(os.fstat(f.fileno()).st_size, max_bytes) + 1  # the opened file: nothing to wait for
+            data = await f.read(want)
+            if len(data) == want <= max_bytes:  # it grew since: read on, up to the limit
+                data += await f.read(max_bytes + 1 - want)
     except FileNotFoundError as exc:
         raise TransientError(f"{path} vanished before it could be read; its delete follows") from exc
     except OSError as exc:

@@ -98,7 +98,11 @@ async def _read(
                 return None, [Diagnostic(path, "", owner)]
             if st.st_size > limit:
                 return None, [Diagnostic(path, "", f"file too large: {st.st_size} bytes, limit {limit}")]
-            data = await f.read(limit + 1)
+            # What the file holds, plus one byte to see it grew: a read of limit + 1 allocates that much.
+            want = st.st_size + 1
+            data = await f.read(want)
+            if len(data) == want <= limit:  # it grew since the fstat: read on, up to the limit
+                data += await f.read(limit + 1 - want)
     except Refused as exc:
         return None, [Diagnostic(path, "", str(exc))]
     except FileNotFoundError:
