@@ -62,6 +62,7 @@ from ._types import (
 from ._watch import Watch, WatchState
 
 if _typing.TYPE_CHECKING:
+    from ._memory import tune_malloc
     from ._reloader import Reloader
     from ._services import Services
     from ._services import services as ops_services
@@ -72,6 +73,7 @@ _LAZY = {
     "Reloader": ("._reloader", "Reloader"),
     "Services": ("._services", "Services"),
     "ops_services": ("._services", "services"),
+    "tune_malloc": ("._memory", "tune_malloc"),  # ctypes: only when called for
 }
 
 
@@ -148,5 +150,6 @@ __all__ = [
     "result_of",
     "run_command",
     "signal_pid_file",
+    "tune_malloc",
     "unchanged",
 ]

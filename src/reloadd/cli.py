@@ -178,9 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _reload(cfg)
     if args.command == "status":
         return query_status(cfg, as_json=args.json)
-    from ._memory import limit_arenas
+    from ._memory import tune_malloc
 
-    limit_arenas()  # this process is the daemon: fewer malloc arenas, less memory kept by worker threads
+    tune_malloc()  # this process is the daemon: fewer malloc arenas, large blocks mapped and unmapped whole
     try:
         asyncio.run(_run(cfg))
     except ReloaddError as exc:
