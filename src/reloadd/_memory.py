@@ -61,7 +61,8 @@ def tune_malloc(arenas: int = 2) -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_ARENA_MAX, arenas)) and bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD))
+    took = [mallopt(_M_ARENA_MAX, arenas), mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)]  # each, whatever the other did
+    return all(took)
 
 
 def give_back() -> bool:
