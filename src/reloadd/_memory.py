@@ -4,6 +4,7 @@ CPython frees the objects of a burst (settling entries, queued items, changes), 
 ``malloc`` keeps the freed pages of its arenas for reuse: without a trim, a daemon that once
 settled 100,000 paths holds tens of MiB more until it exits. :func:`give_back` asks glibc to
 return them (``malloc_trim(0)``); elsewhere (musl, another libc) it does nothing.
+:func:`tune_malloc` (``reloadd run``) keeps freed large blocks from reaching the heap at all.
 """
 
 from __future__ import annotations
