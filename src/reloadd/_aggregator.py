@@ -130,9 +130,9 @@ class Aggregator:
                 out.append((key[1], p))
         return out
 
-    def keys_snapshot(self) -> list[Key]:
-        """The held keys, copied in one step (safe to call from another thread)."""
-        return list(self._pending)
+    def is_settling(self, key: Key) -> bool:
+        """Whether ``key`` is held now (one dict lookup: safe to call from another thread)."""
+        return key in self._pending
 
     def get(self, key: Key) -> Pending | None:
         """The pending entry of ``key``, if any."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -134,7 +134,7 @@ class View:
     owns: Mapping[str, bool]
     records: Mapping[str, bytes]  # RecordStore.packed
     queued: Callable[[str, object], object]  # WorkQueue.queued_fingerprint
-    settling: Callable[[], Iterable[tuple[str, str]]]  # Aggregator.keys_snapshot: (consumer, path) settling
+    settling: Callable[[tuple[str, str]], bool]  # Aggregator.holds: is (consumer, path) settling now (a live look)
     prune_held: frozenset[str] = frozenset()  # removals held: looked at when found, not re-judged when missing
     guard: PruneGuard | None = None  # set on a walk of every root: its roots' identities are taken after it
     pending: Callable[[], list[str]] = list  # WorkQueue.pending_additions: paths queued or in flight as files
@@ -310,8 +310,10 @@ class _Compare:
         roots = scopes if scopes is not None else [str(r) for r in view.filter.roots]
         self.roots = frozenset(roots)
         self.prefixes = tuple(r if r.endswith("/") else r + "/" for r in roots)
-        # Settling in the aggregator, or a held removal: either is looked at again when the walk meets it.
-        self.held = {key for name, key in view.settling() if name == view.name} | view.prune_held
+        # A held removal is taken up again when the walk meets it. A path settling in the aggregator is not
+        # observed at all: its probe there comes after this walk's stat, and a burst's walk re-observed
+        # every one of up to 100,000 settling paths (a second of CPU, the last delivery later).
+        self.held = view.prune_held
         # The recorded paths under the scope: one atomic copy of the keys (references, not new strings),
         # filtered once so a path met on the walk costs one set lookup. A held removal is not counted:
         # missing, it stays held; met, it is taken up through ``held``. A path queued or in flight as a
@@ -388,11 +390,12 @@ class _Compare:
                 if owned(key):
                     observe[key] = fp
             return
+        name, settling = self.view.name, self.view.settling
         if listed:
             # A covered directory's watch reports every change of its files: only a file never
             # acknowledged (or one held) needs a look. Both found in C, not per listed path.
             for key in listed.difference(self.view.records):
-                if owned(key) and (key in held or queued(key, _MISSING) is _MISSING):
+                if queued(key, _MISSING) is _MISSING and not settling((name, key)) and owned(key):
                     observe[key] = UNSEEN
             if held:
                 for key in held.intersection(listed):
@@ -405,8 +408,12 @@ class _Compare:
                 if held and key in held and owned(key):
                     observe[key] = fp  # acknowledged as it is, but held: taken up again
                 continue
-            if owned(key) and (key in held or not steady(fp, cast("Fingerprint | None", queued(key, None)))):
-                observe[key] = fp  # differs from what was acknowledged and what is queued
+            if held and key in held:
+                if owned(key):
+                    observe[key] = fp  # a held removal's file is there
+            elif (not steady(fp, cast("Fingerprint | None", queued(key, None))) and not settling((name, key))
+                  and owned(key)):
+                observe[key] = fp  # differs from what was acknowledged and what is queued, and is not settling
 
 
 _MISSING: object = object()

@@ -541,7 +541,7 @@ class Engine:
                     elif under(root, top):
                         jobs.append((str(root), str(root), s.filter.recursive))
         jobs = list(dict.fromkeys(jobs))
-        views = [View(s.name, s.filter, s._owns, s.records.packed, s.queue.queued_fingerprint, self.agg.keys_snapshot,
+        views = [View(s.name, s.filter, s._owns, s.records.packed, s.queue.queued_fingerprint, self.agg.is_settling,
                        frozenset(s.queue.guard.held), s.queue.guard if tops is None else None,
                        s.queue.pending_additions, s.records.keys_version)
                  for s in slots]

@@ -146,7 +146,7 @@ class PlanReport:
 def pending_changes(consumer: Consumer, filt: PathFilter, records: RecordStore) -> tuple[Change, ...]:
     """What the next start-up pass would hand ``consumer`` (blocking: walks, stats and digests)."""
     jobs = [(str(root), str(root), filt.recursive) for root in filt.roots]
-    view = View(consumer.name, filt, {}, records.packed, _nothing_queued, tuple)
+    view = View(consumer.name, filt, {}, records.packed, _nothing_queued, _nothing_settling)
     found = diff(jobs, [view], None, False)
     digests = DigestCache()
     out: list[Change] = []
@@ -169,6 +169,11 @@ def pending_changes(consumer: Consumer, filt: PathFilter, records: RecordStore) 
 def _nothing_queued(key: str, default: object) -> object:
     """No queue beside a plan: nothing is queued or in flight."""
     return default
+
+
+def _nothing_settling(key: tuple[str, str]) -> bool:
+    """No aggregator beside a plan: nothing is settling."""
+    return False
 
 
 def _accepts(consumer: Consumer, path: Path) -> bool:

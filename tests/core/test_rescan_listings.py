@@ -105,7 +105,7 @@ def test_a_rescan_that_skips_a_directory_finds_no_record_gone_and_a_removal_once
     listings: dict[str, Listing] = {}
 
     def rescan() -> list[tuple[str, str, object]]:
-        view = View("c", PathFilter((root,)), {}, records, lambda key, default: default, lambda: ())
+        view = View("c", PathFilter((root,)), {}, records, lambda key, default: default, lambda key: False)
         dirs = frozenset({str(root)})
         share = (1 << 20, (os.stat(root).st_ino + 1) % (1 << 20))
         return _flat(diff([(str(root), str(root), True)], [view], None, False, dirs, share, listings))
@@ -143,7 +143,7 @@ def test_an_idle_rescan_does_not_go_over_every_record_and_still_finds_a_director
     recorded: dict = {}
 
     def rescan(version: int) -> list[tuple[str, str, object]]:
-        view = View("c", PathFilter((root,)), {}, records, lambda key, default: default, lambda: (),
+        view = View("c", PathFilter((root,)), {}, records, lambda key, default: default, lambda key: False,
                     keys_version=version)
         dirs = frozenset(str(d) for d in (root, root / "a", root / "b") if d.exists())
         share = (1 << 20, max(os.stat(d).st_ino for d in dirs) + 1)  # no directory's turn

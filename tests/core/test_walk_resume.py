@@ -97,7 +97,7 @@ def test_a_rescan_resumed_after_a_stop_judges_a_removal_where_the_stopped_walk_h
     jobs = [(str(root), str(root), True)]
 
     def rescan(**kw):  # type: ignore[no-untyped-def]
-        view = View("c", PathFilter((root,)), {}, records, lambda key, default: default, lambda: ())
+        view = View("c", PathFilter((root,)), {}, records, lambda key, default: default, lambda key: False)
         return diff(jobs, [view], None, False, **kw)
 
     stopped = rescan(stop=StopAfter(6))
