@@ -547,6 +547,7 @@ class Engine:
                  for s in slots]
         scopes = [str(t) for t in tops] if tops is not None else None
         covered: frozenset[str] | None = None
+        listings_of: frozenset[str] | None = None  # a pass that stats every file but keeps these listings
         share = (self.full_rescan_every, 0)
         now_covered: dict[str, int] | None = None
         if tops is None and only is None:
@@ -556,6 +557,10 @@ class Engine:
                 covered = frozenset(d for d, serial in last.items() if now_covered.get(d) == serial) or None
                 share = (self.full_rescan_every, self._tick % self.full_rescan_every)
                 self._tick += 1
+            elif reason is Reason.STARTUP and now_covered:
+                # Every file stat-ed, as ever (every directory's turn), and the listing of each directory a watch
+                # covered as the pass began kept: the first periodic rescan does not list again one unchanged since.
+                listings_of, share = frozenset(now_covered), (1, 0)
         started = time.perf_counter()
         # A walk of every root may be stopped for a newer loss (not the start-up pass: readiness waits for its end).
         stoppable = tops is None and only is None and not forced and reason is not Reason.STARTUP
@@ -566,8 +571,8 @@ class Engine:
         self._walking.update(walking)
         self._walk_stop = stop
         walk = asyncio.ensure_future(asyncio.to_thread(
-            diff, jobs, views, scopes, forced, covered, share, self._listings, stop, self._recorded, resume,
-            lambda name, seen: published.append((name, seen))))
+            diff, jobs, views, scopes, forced, covered or listings_of, share, self._listings, stop, self._recorded,
+            resume, lambda name, seen: published.append((name, seen))))
         try:
             found = await self._while_walking(walk, published, reason, forced)
         finally:

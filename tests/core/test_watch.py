@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from reloadd import ChangeKind
+import reloadd._scan
+from reloadd import ChangeKind, Reason
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
@@ -374,6 +375,40 @@ async def test_a_change_no_watch_reports_is_found_within_full_rescan_interval(lo
     write_unseen(root / "a.conf", elsewhere / "a", "rewritten")
     await rec.wait_path(root / "a.conf", 2)
     assert (root / "a.conf").read_text() == "rewritten"
+
+
+async def test_the_first_periodic_rescan_lists_no_directory_unchanged_since_start_up(local_dir, recorder_cls,
+                                                                                     start_reloader, monkeypatch):
+    # The start-up pass lists every directory anyway and keeps the listing of each one a watch covers: the
+    # first periodic rescan need not list them again (for 100,000 files in 100 folders, 100,000 entries read).
+    root = local_dir / "root"
+    dirs = [root / f"d{i}" for i in range(3)]
+    for d in dirs:
+        d.mkdir(parents=True)
+        (d / "a.conf").write_text("x")
+    for d in (root, *dirs):
+        os.utime(d, (time.time() - 3600,) * 2)  # settled: a listing of them is kept
+    rec = recorder_cls([root])
+    r = await start_reloader(rec, rescan_interval="0s")
+    for d in dirs:
+        await rec.wait_path(d / "a.conf")
+    r.engine.full_rescan_every = max(os.stat(d).st_ino for d in (root, *dirs)) + 1  # no directory's turn
+    listed: list[str] = []
+    scandir = os.scandir
+
+    def listing(fd):  # type: ignore[no-untyped-def]
+        if isinstance(fd, int):
+            listed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return scandir(fd)
+
+    monkeypatch.setattr(reloadd._scan.os, "scandir", listing)
+    await r.engine.reconcile(None, Reason.RESCAN, periodic=True)
+    assert r.engine.stats.covered_rescans == 1
+    assert listed == []
+    (dirs[1] / "b.conf").write_text("a new name: the directory's times move")
+    await rec.wait_path(dirs[1] / "b.conf")
+    await r.engine.reconcile(None, Reason.RESCAN, periodic=True)
+    assert listed == [str(dirs[1])]
 
 
 async def test_a_file_moved_into_the_folder_is_handed_over_without_the_quiet_wait(tmp_path, recorder_cls,
