@@ -249,6 +249,8 @@ def diff(
         # Only the consumers whose roots meet this walk's top compare its chunks: a path under another
         # consumer's root is not learned (and memoised) as "not mine" by every other consumer, every rescan.
         mine = [c for c in compares if c.meets(top)]
+        for c in mine:
+            c.scoped = any(under(top, r) for r in c.roots)
 
         def sink(found: Found, listed: set[str], mine: list[_Compare] = mine) -> None:
             for c in mine:
@@ -308,6 +310,7 @@ class _Compare:
         self.observe: dict[str, object] = {}  # path -> what the walk saw of it (see Diff.observe)
         self.met = 0
         self.met_keys: set[str] | None = set() if overlap else None  # walks overlap: a path may be met twice
+        self.scoped = True  # every path of the walk's current top is under the scope (set per top by diff)
         roots = scopes if scopes is not None else [str(r) for r in view.filter.roots]
         self.roots = frozenset(roots)
         self.prefixes = tuple(r if r.endswith("/") else r + "/" for r in roots)
@@ -319,9 +322,9 @@ class _Compare:
         # filtered once so a path met on the walk costs one set lookup. A held removal is not counted:
         # missing, it stays held; met, it is taken up through ``held``. A path queued or in flight as a
         # file counts too: deleted while its removal event was lost (an overflow), it would be recorded
-        # after the walk for a file no longer there. Built when the walk meets a file: a rescan of an idle
-        # node that lists no directory (every one unchanged, none due) needs only how many paths each
-        # directory holds, kept across walks while the consumer's keys are the same (:class:`Recorded`).
+        # after the walk for a file no longer there. Not built while the counts kept across walks stand for
+        # the records (:class:`Recorded`: the consumer's keys are the same, nothing queued): a recorded path
+        # the walk meets is then counted in C (:meth:`take`), and an idle rescan never goes over every record.
         self._pending = view.pending()
         self._before: set[str] | None = None
         self._counts: tuple[int, dict[str, int]] | None = None  # (paths in scope, per directory)
@@ -382,13 +385,23 @@ class _Compare:
         owned, queued, held, observe = self.view.owned, self.view.queued, self.held, self.observe
         if not found and not listed:
             return
-        met = self.before.intersection(found)  # in C: the recorded paths this chunk met
-        if listed:
-            met |= self.before.intersection(listed)
-        if self.met_keys is not None:
-            met -= self.met_keys
-            self.met_keys |= met
-        self.met += len(met)
+        if self._before is None and self.met_keys is None and self.scoped:
+            # The kept counts stand for the records: a recorded path met is one the counts hold (a record
+            # added while the walk runs may be counted too; that only defers to the next walk the judgement
+            # of a record gone without its event). Counted in C, no set of every recorded path built.
+            has = self.view.records.__contains__
+            n = sum(map(has, found)) + (sum(map(has, listed)) if listed else 0)
+            if held:
+                n -= len(held.intersection(found)) + len(held.intersection(listed))
+            self.met += n
+        else:
+            met = self.before.intersection(found)  # in C: the recorded paths this chunk met
+            if listed:
+                met |= self.before.intersection(listed)
+            if self.met_keys is not None:
+                met -= self.met_keys
+                self.met_keys |= met
+            self.met += len(met)
         if self.forced:
             for key, fp in found.items():  # a forced walk trusts nothing: ``listed`` is empty
                 if owned(key):

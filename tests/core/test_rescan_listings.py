@@ -160,3 +160,34 @@ def test_an_idle_rescan_does_not_go_over_every_record_and_still_finds_a_director
     os.utime(root, (PAST, PAST))  # the root's times as they were: it is not listed either
     gone = rescan(2)
     assert sorted(gone) == [("c", str(p), None) for p in paths[3:]]  # the kept counts miss directory b's
+
+
+def test_a_rescan_that_stats_files_counts_them_without_going_over_every_record(tmp_path):
+    # The counts kept across walks (the same keys, nothing queued) also serve a walk that stats a directory on its
+    # turn: each recorded path it meets is counted where it is met, and a record gone without its event is still
+    # found.
+    root = tmp_path / "root"
+    paths = [root / d / f"{i}.conf" for d in ("a", "b") for i in range(3)]
+    for p in paths:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("x")
+    age(root, root / "a", root / "b")
+    records = _Counted({str(p): pack_record(PathRecord(Fingerprint.from_stat(os.stat(p)))) for p in paths})
+    listings: dict[str, Listing] = {}
+    recorded: dict = {}
+    shares = 1 << 20
+
+    def rescan(due: Path | None) -> list[tuple[str, str, object]]:
+        view = View("c", PathFilter((root,)), {}, records, lambda key, default: default, lambda key: False,
+                    keys_version=1)
+        dirs = frozenset(str(d) for d in (root, root / "a", root / "b"))
+        turn = os.stat(due).st_ino % shares if due is not None else max(os.stat(d).st_ino for d in dirs) + 1
+        return _flat(diff([(str(root), str(root), True)], [view], None, False, dirs, (shares, turn), listings,
+                          recorded=recorded))
+
+    assert rescan(None) == []  # listed, counted per directory and kept
+    reads = records.reads
+    assert rescan(root / "a") == [] and rescan(root / "b") == []  # each stat-ed on its turn, every record met
+    assert records.reads == reads  # ... without a pass over every record
+    paths[4].unlink()  # a removal whose event was lost: its record is still there, the keys the same
+    assert rescan(root / "b") == [("c", str(paths[4]), None)]
