@@ -135,7 +135,7 @@ class View:
     owns: Mapping[str, bool]
     records: Mapping[str, bytes]  # RecordStore.packed
     queued: Callable[[str, object], object]  # WorkQueue.queued_fingerprint
-    settling: Callable[[tuple[str, str]], bool]  # Aggregator.holds: is (consumer, path) settling now (a live look)
+    settling: Callable[[tuple[str, str]], bool]  # Aggregator.is_settling: (consumer, path) held now (a live look)
     prune_held: frozenset[str] = frozenset()  # removals held: looked at when found, not re-judged when missing
     guard: PruneGuard | None = None  # set on a walk of every root: its roots' identities are taken after it
     pending: Callable[[], list[str]] = list  # WorkQueue.pending_additions: paths queued or in flight as files
