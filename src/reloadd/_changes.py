@@ -420,16 +420,15 @@ class _Compare:
                         observe[key] = UNSEEN
         get = self.view.records.get
         for key, fp in found.items():  # fp: the walk's stat, packed
-            rec = get(key)
-            if rec is not None and has_stat(rec, fp):
-                if held and key in held and owned(key):
-                    observe[key] = fp  # acknowledged as it is, but held: taken up again
-                continue
             if held and key in held:
                 if owned(key):
-                    observe[key] = fp  # a held removal's file is there
-            elif (not steady(fp, cast("Fingerprint | None", queued(key, None))) and not settling((name, key))
-                  and owned(key)):
+                    observe[key] = fp  # a held removal's file is there (as acknowledged or not): taken up again
+                continue
+            rec = get(key)
+            if rec is not None and has_stat(rec, fp):
+                continue
+            if (not steady(fp, cast("Fingerprint | None", queued(key, None))) and not settling((name, key))
+                    and owned(key)):
                 observe[key] = fp  # differs from what was acknowledged and what is queued, and is not settling
 
 
