@@ -91,6 +91,8 @@ class WorkQueue:
         guard: The consumer's prune safety (held removals, persisted); default: one in memory.
         group_label: A group's name for status (its globs), from its id.
         drift: The consumer's drift book, told when a path is acknowledged (its drift is then corrected).
+        upstream: Whether paths of this consumer are still settling (the engine holds them): while they
+            are, or paths are queued, a due compaction of the records waits (see ``RecordStore.prepare``).
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class WorkQueue:
         guard: PruneGuard | None = None,
         group_label: Callable[[str], str] = str,
         drift: DriftBook | None = None,
+        upstream: Callable[[], bool] = lambda: False,
     ) -> None:
         self.consumer = consumer
         self.records = records
@@ -129,6 +132,8 @@ class WorkQueue:
         self._flush_lock = asyncio.Lock()
         self._accepting = True
         self._waits_for = waits_for
+        self._upstream = upstream  # paths of this consumer still settling on their way here (a burst goes on)
+        self._tidying = False  # a compaction put off by a burst is being written
         self._group_of = group_of
         self._group_settling = group_settling
         self.waiting_for: tuple[str, ...] = ()
@@ -274,6 +279,18 @@ class WorkQueue:
         self._items[item.key] = item
         self._wakeup.set()
         self._on_change()
+
+    def tidy(self) -> None:
+        """Idle after a burst: write the compaction a burst put off (in the background), if one is due."""
+        if not self._tidying and self._accepting and self.records.compaction_due:
+            self._tidying = True
+            self._held.spawn(self._tidy())
+
+    async def _tidy(self) -> None:
+        try:
+            await self.flush()
+        finally:
+            self._tidying = False
 
     def _persist_soon(self) -> None:
         """Write the held removals soon: one flush for every hold made in this turn of the loop."""
@@ -611,7 +628,8 @@ class WorkQueue:
         at the next start, from the records, which are durable here.
         """
         async with self._flush_lock:
-            job = self.records.prepare()
+            # In a burst (more queued, or on its way) a due compaction waits for the burst's last flush.
+            job = self.records.prepare(busy=not final and (bool(self._items) or self._upstream()))
             if job is not None:
                 try:
                     await asyncio.to_thread(self.records.write, job)

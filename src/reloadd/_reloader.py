@@ -161,6 +161,7 @@ class Reloader:
             group_label=lambda g: self._group_label(name, g),
             guard=PruneGuard(filt, records.by_str, owner_test(consumer, filt), records.directory),
             drift=drift,
+            upstream=lambda: self._engine is not None and self._engine.holds(name),
         )
         return Slot(consumer, filt, records, queue, drift)
 
@@ -491,9 +492,12 @@ class Reloader:
         self._changed.set()
         engine = self._engine
         if engine is not None:
+            idle = engine.idle
             for slot in engine.slots.values():
                 slot.queue.recheck()
-            if engine.stats.handed_over - self._trimmed_at >= _TRIM_AFTER and engine.idle:
+                if idle:
+                    slot.queue.tidy()  # a compaction a burst put off (one flag test when none is)
+            if engine.stats.handed_over - self._trimmed_at >= _TRIM_AFTER and idle:
                 # A burst is over: give its memory back once it stays over (see reloadd._memory).
                 self._trimmed_at = engine.stats.handed_over
                 asyncio.get_running_loop().call_later(_TRIM_DELAY, self._give_back)

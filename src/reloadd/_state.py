@@ -330,16 +330,33 @@ class RecordStore(Mapping[Path, PathRecord]):
         """Whether there are unflushed mutations."""
         return bool(self._buffer)
 
-    def prepare(self) -> FlushJob | None:
-        """Detach the buffered mutations for :meth:`write` (call on the owning thread)."""
-        if not self._buffer:
-            return None
-        lines, self._buffer = self._buffer, []
-        snapshot = None
+    def _compaction_limit(self) -> int:
         # Compacted once the journal outgrows the records both as the snapshot holds them and as they are now:
         # loading replays at most about twice the snapshot, and a mass removal (100,000 paths acknowledged
         # gone in a burst) writes one small snapshot at its end, not one each time half the rest is gone.
-        if self._journal_lines + len(lines) > max(self._compact_after, self._snapshot_size, len(self._records)):
+        return max(self._compact_after, self._snapshot_size, len(self._records))
+
+    @property
+    def compaction_due(self) -> bool:
+        """Whether the journal has outgrown the records (the next :meth:`prepare` not ``busy`` compacts)."""
+        return self.persistent and self._journal_lines + len(self._buffer) > self._compaction_limit()
+
+    def prepare(self, *, busy: bool = False) -> FlushJob | None:
+        """Detach the buffered mutations for :meth:`write` (call on the owning thread).
+
+        ``busy``: more work is on its way (a burst): a compaction that is due waits for the first flush
+        after it, unless the journal has grown to twice its limit (loading then replays at most about three
+        times the snapshot). A 100,000-path burst no longer encodes every record again in its middle.
+        A compaction that is due is prepared even with nothing buffered.
+        """
+        limit = self._compaction_limit()
+        lines = self._buffer
+        over = self._journal_lines + len(lines) - limit
+        if not lines and (over <= 0 or busy or not self.persistent):
+            return None
+        self._buffer = []
+        snapshot = None
+        if over > (limit if busy else 0):
             snapshot = dict(self._records)  # values are immutable: a shallow copy, encoded by write()
         return FlushJob(lines, snapshot)
 

@@ -1,0 +1,97 @@
+"""A burst is not held up by rewriting every record: the journal is compacted once the burst is over."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from reloadd import Reloader
+from reloadd._state import RecordStore
+from reloadd._types import Fingerprint, PathRecord
+
+from ..conftest import config_for
+
+pytestmark = pytest.mark.timeout(120)
+
+FP = Fingerprint(1, 2, 3, 4)
+
+
+async def test_a_burst_of_changes_compacts_the_records_after_it_not_in_its_middle(tmp_path, recorder_cls,
+                                                                                 monkeypatch):
+    """200 recorded files rewritten at once, handed over 16 at a time: the journal outgrows the records
+    half-way, yet no snapshot of every record is written while paths of the burst are still queued or
+    settling; one is written when it is over, and a restart reads every path as last acknowledged."""
+    root = tmp_path / "root"
+    root.mkdir()
+    for i in range(200):
+        (root / f"f{i:03d}").write_text("a")
+    rec = recorder_cls([root])
+    compactions: list[tuple[int, int]] = []  # (paths queued, paths settling) when each snapshot was written
+    real = RecordStore._compact
+
+    async with Reloader(config_for(tmp_path, quiet="50ms"), consumers=[rec]) as r:
+        await r.wait_idle(30)
+        slot = r.engine.slots["rec"]
+        slot.queue.max_batch = 16
+        slot.records._compact_after = 50  # the records' own size is then the limit: 200 lines
+        assert len(slot.records) == 200 and not slot.records.compaction_due
+
+        def counted(self: RecordStore, records: dict[str, bytes]) -> None:
+            compactions.append((len(slot.queue._items), r.engine.settling("rec")))
+            real(self, records)
+
+        monkeypatch.setattr(RecordStore, "_compact", counted)
+        for i in range(200):
+            (root / f"f{i:03d}").write_text("bb")
+        rewritten = lambda x: sum(1 for c in x.changes if c.fingerprint and c.fingerprint.size == 2)  # noqa: E731
+        await rec.wait_for(lambda x: rewritten(x) == 200, timeout=60)
+        await r.wait_idle(30)
+        for _ in range(100):  # the burst's last flush compacts, or the queue's tidying once all is idle
+            if compactions and not slot.records.compaction_due:
+                break
+            await asyncio.sleep(0.05)
+        assert compactions, "the journal that outgrew the records was never compacted"
+        assert all(queued == 0 and settling == 0 for queued, settling in compactions), compactions
+        assert len(compactions) == 1
+        assert not slot.records.compaction_due
+
+    again = RecordStore(tmp_path / "state" / "consumers" / "rec")
+    again.load(read_only=True)
+    assert len(again) == 200
+    assert all(again[root / f"f{i:03d}"].fingerprint.size == 2 for i in range(200))  # type: ignore[union-attr]
+
+
+def test_a_busy_flush_puts_a_due_compaction_off_until_the_journal_doubles(tmp_path):
+    s = RecordStore(tmp_path / "st", compact_after=10)
+    s.load()
+    for i in range(10):
+        s.put(Path(f"/f{i}"), PathRecord(FP))
+    s.flush()  # 10 lines: not over
+    snapshots = lambda: os.path.exists(tmp_path / "st" / "records.json")  # noqa: E731
+
+    for i in range(10):
+        s.put(Path(f"/f{i}"), PathRecord(FP, "d1"))
+    job = s.prepare(busy=True)  # 20 lines for 10 records: due, put off
+    assert job is not None and job.snapshot is None
+    s.write(job)
+    assert s.compaction_due and not snapshots()
+    assert s.prepare(busy=True) is None  # nothing buffered, busy: nothing to do
+
+    job = s.prepare()  # the burst is over: due, compacted with nothing buffered
+    assert job is not None and job.snapshot is not None and job.lines == []
+    s.write(job)
+    assert snapshots() and not s.compaction_due
+
+    for rnd in range(2, 5):  # busy all along: compacted once the journal holds twice the records
+        for i in range(10):
+            s.put(Path(f"/f{i}"), PathRecord(FP, f"d{rnd}"))
+        job = s.prepare(busy=True)
+        assert job is not None
+        assert (job.snapshot is not None) == (rnd == 4), rnd
+        s.write(job)
+    t = RecordStore(tmp_path / "st")
+    t.load()
+    assert {p: rec.digest for p, rec in t.items()} == {Path(f"/f{i}"): "d4" for i in range(10)}
