@@ -6,7 +6,8 @@ directory, fsync, rename, fsync of the directory) and an append-only journal
 journal over the snapshot and ignores a torn last line, so a crash at any point loses at
 most the batch that had not been fsynced yet — never the file. The journal is folded into
 a new snapshot once it holds more lines than both a threshold and the number of records
-(so a growing store is compacted a logarithmic, not a linear, number of times); the
+(so a growing store is compacted a logarithmic, not a linear, number of times), and not in
+the middle of a burst unless the journal reached twice that (:meth:`RecordStore.prepare`); the
 snapshot names the journal generation it is followed by, so an old journal is never
 replayed over a newer snapshot.
 
