@@ -21,7 +21,7 @@ import heapq
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any
 
 from ._changes import UNSEEN, steady
 from ._types import Fingerprint, Reason
@@ -76,7 +76,7 @@ class Aggregator:
         # 100,000-entry heap of (time, key) compared keys all the way down, ~4 µs), and keys due together go
         # out in the order they came.
         self._times: list[float] = []
-        self._at: dict[float, list[object]] = {}
+        self._at: dict[float, list[Any]] = {}  # [index, key, key, ...]
         self._per_consumer: Counter[str] = Counter()
         self.coalesced = 0
         """Events folded into an already-pending entry (a metric)."""
@@ -232,9 +232,9 @@ class Aggregator:
         while times:
             when = times[0]
             keys = at[when]
-            i = cast(int, keys[0])
+            i: int = keys[0]
             while i < len(keys):
-                key = cast(Key, keys[i])
+                key: Key = keys[i]
                 p = pending.get(key)
                 if p is None or p.queued != when:
                     i += 1  # superseded by an earlier entry, or released
@@ -265,7 +265,7 @@ class Aggregator:
             if top is None or top[0] > now:
                 break
             keys = self._at[top[0]]
-            keys[0] = cast(int, keys[0]) + 1
+            keys[0] += 1
             top[2].queued = None
             out.append(top[1])
         return out

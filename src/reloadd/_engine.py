@@ -449,10 +449,10 @@ class Engine:
         writing = _WRITING.get(ev.kind)
         key = os.fspath(ev.path)
         path = ev.path if isinstance(ev.path, Path) else None
-        arrived = ev.kind is EventKind.ARRIVED
+        arrived = ev.kind is _ARRIVED
         for slot in self.slots.values():
             if key in slot.records.packed or slot.owns(key, path):  # a recorded path is the consumer's
-                self.agg.observe((slot.name, key), now, reason=Reason.INOTIFY, writing=writing, arrived=arrived)
+                self.agg.observe((slot.name, key), now, reason=_INOTIFY, writing=writing, arrived=arrived)
                 self.agg.coalesced += ev.folded  # folded by the source: coalesced all the same
 
     def _force(self, f: Force, now: float) -> None:
@@ -799,6 +799,7 @@ class Engine:
         return root if root is not None else Path(os.path.dirname(key[1]))
 
 
+_ARRIVED, _INOTIFY = EventKind.ARRIVED, Reason.INOTIFY  # an enum member read as a class attribute costs ~0.1 µs
 _WRITING = {EventKind.WRITING: True, EventKind.WRITTEN: False, EventKind.ARRIVED: False, EventKind.GONE: False}
 _FILE_KINDS = frozenset(EventKind) - {EventKind.RESCAN, EventKind.SUBTREE, EventKind.DRIFTED, EventKind.RESYNC}
 

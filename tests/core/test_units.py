@@ -349,3 +349,23 @@ def test_one_backoff_doubles_caps_and_jitters_within_initial() -> None:
         samples = [jittered.delay(n) for _ in range(200)]
         assert all(base <= d <= base + 0.2 for d in samples) and len(set(samples)) > 1
     assert max(Backoff(0.2, 1.0).delay(10) for _ in range(50)) <= 1.0  # the cap holds with jitter
+
+
+def test_a_digest_is_reused_only_for_the_fingerprint_it_was_read_at(tmp_path):
+    import hashlib
+
+    from reloadd._scan import DigestCache
+
+    cache = DigestCache(max_entries=4)
+    f = tmp_path / "a"
+    f.write_bytes(b"one")
+    fp1 = Fingerprint.from_stat(os.stat(f))
+    assert cache.digest(f, fp1) == hashlib.sha256(b"one").hexdigest()
+    f.write_bytes(b"two!")
+    fp2 = Fingerprint.from_stat(os.stat(f))
+    assert cache.digest(f, fp2) == hashlib.sha256(b"two!").hexdigest()  # not the one cached for fp1
+    for i in range(10):  # more files than the cache holds: each still digested right
+        g = tmp_path / f"g{i}"
+        g.write_bytes(str(i).encode())
+        assert cache.digest(g, Fingerprint.from_stat(os.stat(g))) == hashlib.sha256(str(i).encode()).hexdigest()
+    assert len(cache._cache) <= 4
