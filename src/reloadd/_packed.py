@@ -26,8 +26,8 @@ from typing import Any
 
 from ._types import Fingerprint, JSONValue, PathRecord
 
-__all__ = ["RecordView", "data_of", "digest_of", "dumps", "error_of", "fields_json", "from_json", "has_error",
-           "has_stat", "journal_json", "pack", "pack_json", "pack_record", "pack_stat", "stat_of",
+__all__ = ["RecordView", "data_json_of", "data_of", "digest_of", "dumps", "error_of", "fields_json", "from_json",
+           "has_error", "has_stat", "journal_json", "pack", "pack_json", "pack_record", "pack_stat", "stat_of",
            "unpack", "unpack_stat"]
 
 _FP = struct.Struct("<QQqq")
@@ -141,6 +141,14 @@ def data_of(raw: bytes) -> JSONValue:
         return None
     data = _fields(raw)[2]
     return None if data is None else json.loads(data)
+
+
+def data_json_of(raw: bytes) -> str | None:
+    """The consumer's data of a packed record as the JSON text it was stored as (nothing decoded but UTF-8)."""
+    if not raw[0] & _HAS_DATA:
+        return None
+    data = _fields(raw)[2]
+    return None if data is None else data.decode()
 
 
 def digest_of(raw: bytes) -> str | None:

@@ -290,7 +290,11 @@ class RecordStore(Mapping[Path, PathRecord]):
     def set(self, key: str, fingerprint: Fingerprint | None, digest: str | None = None, data: JSONValue = None,
             error: str | None = None) -> None:
         """:meth:`put` of a record given by its fields (no ``PathRecord`` built, the data encoded once)."""
-        text = None if data is None else dumps(data)
+        self.set_json(key, fingerprint, digest, None if data is None else dumps(data), error)
+
+    def set_json(self, key: str, fingerprint: Fingerprint | None, digest: str | None, text: str | None,
+                 error: str | None = None) -> None:
+        """:meth:`set` with the data already encoded as JSON text (``data_json_of`` a record: carried over as is)."""
         records = self._records
         n = len(records)
         records[key] = pack_json(fingerprint, digest, text, error)

@@ -273,3 +273,32 @@ async def test_a_retry_in_flight_does_not_make_the_node_unready(tmp_path, record
         release.set()
         await r.wait_idle(10)
     assert len(rec.batches) == 2
+
+
+async def test_a_path_acknowledged_without_a_result_keeps_its_data_and_takes_the_new_fingerprint(
+        tmp_path, recorder_cls, start_reloader):
+    """A consumer that returns nothing for a path acknowledges it as handed over: the data it stored with an
+    earlier ``Ack`` stays (read back after a restart, so from the journal), the fingerprint and digest are the
+    new file's, and an error recorded before is cleared."""
+    root = tmp_path / "root"
+    root.mkdir()
+    target = root / "x.conf"
+    target.write_text("one")
+    rec = recorder_cls([root])
+    rec.results = lambda c: Ack({"images": ["a", "b"], "n": 1.5})
+    r = await start_reloader(rec)
+    rec.results = lambda c: Reject("broken") if c.path.read_text() == "two" else None
+    target.write_text("two")
+    await rec.wait_path(target, 2)
+    await r.wait_idle(10)
+    target.write_text("three!")
+    await rec.wait_path(target, 3)
+    await r.wait_idle(10)
+    await r.close()
+    again = recorder_cls([root])
+    async with Reloader(config_for(tmp_path), consumers=[again]) as r2:
+        await r2.wait_idle(10)
+        record = r2.engine.slots["rec"].records[target]
+    assert again.changes == []  # acknowledged as it is now
+    assert record.data == {"images": ["a", "b"], "n": 1.5} and record.error is None
+    assert record.fingerprint is not None and record.fingerprint.size == 6
