@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reloadd import Reloader
-from reloadd._state import RecordStore
+from reloadd._state import FlushJob, RecordStore
 from reloadd._types import Fingerprint, PathRecord
 
 from ..conftest import config_for
@@ -29,8 +29,9 @@ async def test_a_burst_of_changes_compacts_the_records_after_it_not_in_its_middl
     for i in range(200):
         (root / f"f{i:03d}").write_text("a")
     rec = recorder_cls([root])
-    compactions: list[tuple[int, int]] = []  # (paths queued, paths settling) when each snapshot was written
-    real = RecordStore._compact
+    rewritten = lambda x: sum(1 for c in x.changes if c.fingerprint and c.fingerprint.size == 2)  # noqa: E731
+    compactions: list[int] = []  # paths of the burst handed over when each snapshot was decided
+    real = RecordStore.prepare
 
     async with Reloader(config_for(tmp_path, quiet="50ms"), consumers=[rec]) as r:
         await r.wait_idle(30)
@@ -39,23 +40,22 @@ async def test_a_burst_of_changes_compacts_the_records_after_it_not_in_its_middl
         slot.records._compact_after = 50  # the records' own size is then the limit: 200 lines
         assert len(slot.records) == 200 and not slot.records.compaction_due
 
-        def counted(self: RecordStore, records: dict[str, bytes]) -> None:
-            compactions.append((len(slot.queue._items), r.engine.settling("rec")))
-            real(self, records)
+        def prepare(self: RecordStore, *, busy: bool = False) -> FlushJob | None:
+            job = real(self, busy=busy)
+            if job is not None and job.snapshot is not None:
+                compactions.append(rewritten(rec))  # on the loop, where the queue decides
+            return job
 
-        monkeypatch.setattr(RecordStore, "_compact", counted)
+        monkeypatch.setattr(RecordStore, "prepare", prepare)
         for i in range(200):
             (root / f"f{i:03d}").write_text("bb")
-        rewritten = lambda x: sum(1 for c in x.changes if c.fingerprint and c.fingerprint.size == 2)  # noqa: E731
         await rec.wait_for(lambda x: rewritten(x) == 200, timeout=60)
         await r.wait_idle(30)
         for _ in range(100):  # the burst's last flush compacts, or the queue's tidying once all is idle
             if compactions and not slot.records.compaction_due:
                 break
             await asyncio.sleep(0.05)
-        assert compactions, "the journal that outgrew the records was never compacted"
-        assert all(queued == 0 and settling == 0 for queued, settling in compactions), compactions
-        assert len(compactions) == 1
+        assert compactions == [200]  # one snapshot, once every path of the burst was handed over
         assert not slot.records.compaction_due
 
     again = RecordStore(tmp_path / "state" / "consumers" / "rec")
