@@ -76,7 +76,7 @@ class Aggregator:
         # 100,000-entry heap of (time, key) compared keys all the way down, ~4 µs), and keys due together go
         # out in the order they came.
         self._times: list[float] = []
-        self._at: dict[float, list[Any]] = {}  # [index, key, key, ...]
+        self._at: dict[float, list[Any]] = {}  # [index of the next key, the time, key, key, ...]
         self._per_consumer: Counter[str] = Counter()
         self.coalesced = 0
         """Events folded into an already-pending entry (a metric)."""
@@ -218,13 +218,15 @@ class Aggregator:
         return min(p.last + t.quiet, max(p.first + t.max_delay, p.last))
 
     def _push(self, key: Key, p: Pending) -> None:
-        p.queued = when = self._due_at(key, p)
+        when = self._due_at(key, p)
         keys = self._at.get(when)
         if keys is None:
-            self._at[when] = [1, key]
+            self._at[when] = [2, when, key]
             heapq.heappush(self._times, when)
         else:
+            when = keys[1]  # the time's one float, not one per held path (32 B each at a burst's peak)
             keys.append(key)
+        p.queued = when
 
     def _top(self) -> tuple[float, Key, Pending] | None:
         """The earliest live entry, with stale ones skipped and late ones moved on."""

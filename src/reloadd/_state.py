@@ -337,8 +337,9 @@ class RecordStore(Mapping[Path, PathRecord]):
 
     def _compaction_limit(self) -> int:
         # Compacted once the journal outgrows the records both as the snapshot holds them and as they are now:
-        # loading replays at most about twice the snapshot, and a mass removal (100,000 paths acknowledged
-        # gone in a burst) writes one small snapshot at its end, not one each time half the rest is gone.
+        # loading replays at most about twice the snapshot (three times after a burst put it off), and a mass
+        # removal (100,000 paths acknowledged gone in a burst) writes one small snapshot at its end, not one each
+        # time half the rest is gone.
         return max(self._compact_after, self._snapshot_size, len(self._records))
 
     @property
