@@ -21,9 +21,9 @@ FP = Fingerprint(1, 2, 3, 4)
 
 async def test_a_burst_of_changes_compacts_the_records_after_it_not_in_its_middle(tmp_path, recorder_cls,
                                                                                  monkeypatch):
-    """200 recorded files rewritten at once, handed over 16 at a time: the journal outgrows the records
-    half-way, yet no snapshot of every record is written while paths of the burst are still queued or
-    settling; one is written when it is over, and a restart reads every path as last acknowledged."""
+    """200 recorded files rewritten at once, handed over 16 at a time: the journal outgrows the records with
+    the first batch, yet no snapshot of every record is decided while paths of the burst are still queued or
+    settling; one is, once every path was handed over, and a restart reads every path as last acknowledged."""
     root = tmp_path / "root"
     root.mkdir()
     for i in range(200):
