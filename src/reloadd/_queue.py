@@ -26,7 +26,7 @@ from ._filters import PathFilter
 from ._holds import HeldRemovals
 from ._item import Item
 from ._outcomes import result_of
-from ._packed import data_json_of, data_of, unpack
+from ._packed import data_json_of, data_of, dumps, unpack
 from ._prune import PruneGuard
 from ._state import RecordStore
 from ._types import Ack, Batch, Change, ChangeKind, Hold, Reason, Reject, Result, Retry
@@ -555,37 +555,35 @@ class WorkQueue:
         """The core's error policy (:func:`reloadd._outcomes.result_of`)."""
         return result_of(exc, self.consumer.name, path)
 
+    def _acknowledged(self, item: Item, change: Change, text: str | None) -> None:
+        """Record ``item`` as acknowledged, with the consumer's data as JSON ``text`` (a removal: forgotten)."""
+        self.stats.acked += 1
+        self.stats.last_success = time.time()
+        deleted = change.kind is _DELETED
+        if deleted:
+            self.records.drop(item.key)
+        else:
+            self.records.set_json(item.key, item.fingerprint, item.digest, text)
+        if self.drift is not None:
+            (self.drift.forget if deleted else self.drift.settled)(item.key)
+
     def _apply(self, item: Item, change: Change, result: Result | None) -> None:
         path = item.key
         prev = self._packed.get(path)
-        if result is None:  # acknowledged as handed over, the data kept: what most paths of a batch get
+        if result is None:  # acknowledged as handed over: the data kept as the JSON text it is stored as
             self.guard.done(path)
-            self.stats.acked += 1
-            self.stats.last_success = time.time()
-            if change.kind is _DELETED:
-                self.records.drop(path)
-            else:  # the data carried over as the JSON text it is stored as, not decoded and encoded again
-                self.records.set_json(path, item.fingerprint, item.digest,
-                                      data_json_of(prev) if prev is not None else None)
-            if self.drift is not None:
-                (self.drift.forget if change.kind is _DELETED else self.drift.settled)(path)
+            self._acknowledged(item, change, data_json_of(prev) if prev is not None else None)
             return
         if not isinstance(result, Retry | Hold):
             self.guard.done(path)
         if isinstance(result, Ack):
-            self.stats.acked += 1
-            self.stats.last_success = time.time()
-            if change.kind is ChangeKind.DELETED:
-                self.records.drop(path)
-            else:
-                try:
-                    self.records.set(path, item.fingerprint, item.digest, result.data)
-                except (TypeError, ValueError) as exc:  # a plugin bug: keep the acknowledgement, not the data
-                    log.error("Consumer %s acknowledged %s with data that is not JSON (not kept): %s",
-                              self.consumer.name, path, exc)
-                    self.records.set(path, item.fingerprint, item.digest)
-            if self.drift is not None:
-                (self.drift.forget if change.kind is ChangeKind.DELETED else self.drift.settled)(path)
+            try:
+                text = None if result.data is None else dumps(result.data)
+            except (TypeError, ValueError) as exc:  # a plugin bug: keep the acknowledgement, not the data
+                log.error("Consumer %s acknowledged %s with data that is not JSON (not kept): %s",
+                          self.consumer.name, path, exc)
+                text = None
+            self._acknowledged(item, change, text)
         elif isinstance(result, Reject):
             self.stats.rejected += 1
             log.warning("Failed to handle %s in consumer %s (rejected until it changes or a SIGHUP): %s",

@@ -345,7 +345,7 @@ class RecordStore(Mapping[Path, PathRecord]):
     @property
     def compaction_due(self) -> bool:
         """Whether the journal has outgrown the records (the next :meth:`prepare` not ``busy`` compacts)."""
-        return self.persistent and self._journal_lines + len(self._buffer) > self._compaction_limit()
+        return self._journal_lines + len(self._buffer) > self._compaction_limit()
 
     def prepare(self, *, busy: bool = False) -> FlushJob | None:
         """Detach the buffered mutations for :meth:`write` (call on the owning thread).
@@ -358,7 +358,7 @@ class RecordStore(Mapping[Path, PathRecord]):
         limit = self._compaction_limit()
         lines = self._buffer
         over = self._journal_lines + len(lines) - limit
-        if not lines and (over <= 0 or busy or not self.persistent):
+        if not lines and (over <= 0 or busy):  # in memory only: nothing is ever journaled, never over
             return None
         self._buffer = []
         snapshot = None
