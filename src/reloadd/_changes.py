@@ -26,7 +26,7 @@ from typing import cast
 
 from ._filters import PathFilter, under
 from ._item import Item
-from ._packed import digest_of, has_stat, pack_record, pack_stat, stat_of
+from ._packed import digest_of, pack_record, pack_stat, stat_mismatches, stat_of
 from ._prune import PruneGuard, RootId
 from ._scan import DigestCache, Found, Listing, Trust, WalkStopped, local_devices, scan
 from ._types import Change, ChangeKind, Fingerprint, PathRecord
@@ -385,12 +385,13 @@ class _Compare:
         owned, queued, held, observe = self.view.owned, self.view.queued, self.held, self.observe
         if not found and not listed:
             return
+        recorded, differing = stat_mismatches(self.view.records, found) if found else (0, [])
         if self._before is None and self.met_keys is None and self.scoped:
             # The kept counts stand for the records: a recorded path met is one the counts hold (a record
             # added while the walk runs may be counted too; that only defers to the next walk the judgement
-            # of a record gone without its event). Counted in C, no set of every recorded path built.
-            has = self.view.records.__contains__
-            n = sum(map(has, found)) + (sum(map(has, listed)) if listed else 0)
+            # of a record gone without its event). Counted as the chunk is compared (listed ones in C), no set
+            # of every recorded path built.
+            n = recorded + (sum(map(self.view.records.__contains__, listed)) if listed else 0)
             if held:
                 n -= len(held.intersection(found)) + len(held.intersection(listed))
             self.met += n
@@ -418,15 +419,14 @@ class _Compare:
                 for key in held.intersection(listed):
                     if owned(key):
                         observe[key] = UNSEEN
-        get = self.view.records.get
-        for key, fp in found.items():  # fp: the walk's stat, packed
-            if held and key in held:
+        if held:
+            for key in held.intersection(found):
                 if owned(key):
-                    observe[key] = fp  # a held removal's file is there (as acknowledged or not): taken up again
+                    observe[key] = found[key]  # a held removal's file is there (as acknowledged or not): taken up
+        for key in differing:  # the walk's stat differs from the record's (or there is none)
+            if held and key in held:
                 continue
-            rec = get(key)
-            if rec is not None and has_stat(rec, fp):
-                continue
+            fp = found[key]  # the walk's stat, packed
             if (not steady(fp, cast("Fingerprint | None", queued(key, None))) and not settling((name, key))
                     and owned(key)):
                 observe[key] = fp  # differs from what was acknowledged and what is queued, and is not settling

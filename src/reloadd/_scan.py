@@ -29,7 +29,8 @@ _NOT_REGULAR = "not a regular file (FIFO, socket or device); ignored"
 
 Found: TypeAlias = dict[str, bytes]
 """What a :func:`scan` stat-ed: path -> fingerprint packed (:func:`reloadd._packed.pack_stat`: 80 bytes of memory
-a path against ~200 for a tuple and its integers; compared in place with a record, :func:`reloadd._packed.has_stat`)."""
+a path against ~200 for a tuple and its integers; compared in place with the records,
+:func:`reloadd._packed.stat_mismatches`)."""
 
 # File systems on which a live inotify watch on a directory sees every change made on this
 # machine through it. Not network or FUSE file systems (changes made elsewhere are never

@@ -12,7 +12,16 @@ from hypothesis import strategies as st
 
 from reloadd import Fingerprint, PathRecord
 from reloadd._item import path_of
-from reloadd._packed import digest_of, journal_json, pack_record, stat_of, unpack
+from reloadd._packed import (
+    digest_of,
+    journal_json,
+    pack_record,
+    pack_stat,
+    stat_mismatches,
+    stat_of,
+    unpack,
+    unpack_stat,
+)
 from reloadd._state import RecordStore
 
 _ints = st.integers(min_value=0, max_value=2**63 - 1)
@@ -29,6 +38,31 @@ _records = st.builds(
     data=_json,
     error=st.none() | st.text(),
 )
+
+
+@given(st.lists(st.tuples(_records, st.sampled_from(["same", "no record", *Fingerprint._fields]),
+                          st.builds(Fingerprint, _ints, _ints, _times, _times)), max_size=12))
+def test_a_walk_is_told_which_stats_differ_from_the_records(cases) -> None:
+    """A rescan hands over exactly the files whose stat is not the fingerprint their record holds."""
+    records: dict[str, bytes] = {}
+    found: dict[str, bytes] = {}
+    for i, (rec, how, other) in enumerate(cases):
+        key = f"/w/f{i}"
+        if how != "no record":
+            records[key] = pack_record(rec)
+        seen = other
+        if rec.fingerprint is not None and how != "no record":  # the record's own, or one field of it moved
+            seen = rec.fingerprint if how == "same" else rec.fingerprint._replace(**{how: getattr(other, how)})
+        found[key] = pack_stat(*seen)
+    records["/w/not-met"] = pack_record(PathRecord(Fingerprint(1, 2, 3, 4), None))
+    # No fingerprint, and a digest whose raw bytes sit where one would and read as the stat found.
+    found["/w/digest-only"] = pack_stat(5, 6, 7, 8)
+    records["/w/digest-only"] = pack_record(PathRecord(None, found["/w/digest-only"].hex()))
+    recorded, differing = stat_mismatches(records, found)
+    assert recorded == len(records) - 1
+    assert "/w/digest-only" in differing
+    assert differing == [k for k in found
+                         if k not in records or unpack(records[k]).fingerprint != Fingerprint(*unpack_stat(found[k]))]
 
 
 @given(_records)
