@@ -120,7 +120,7 @@ class Reloader:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._private = PrivateDirs()  # plugins' own directories
         self._initial_done = False  # the initial pass latch readiness uses (see _initial_pass_done)
-        self._trimmed_at = 0  # engine.stats.handed_over at the last memory trim
+        self._trimmed_at: int | None = None  # engine.stats.handed_over at the last memory trim (None: none yet)
         self._passed: set[tuple[str, str]] = set()  # (consumer, held path it went ahead without) already logged
         self._groups: dict[str, tuple[tuple[str, ...], ...]] = {}
 
@@ -497,8 +497,11 @@ class Reloader:
                 slot.queue.recheck()
                 if idle:
                     slot.queue.tidy()  # a compaction a burst put off (one flag test when none is)
-            if engine.stats.handed_over - self._trimmed_at >= _TRIM_AFTER and idle:
-                # A burst is over: give its memory back once it stays over (see reloadd._memory).
+            since = self._trimmed_at
+            if idle and (engine.stats.handed_over - since >= _TRIM_AFTER if since is not None else self._ready):
+                # The start-up pass, or a burst, is over: give its memory back once it stays over (see
+                # reloadd._memory). After start-up too: what loading the plugins and the records freed stays in
+                # the heap otherwise (the idle daemon held ~4 MiB more).
                 self._trimmed_at = engine.stats.handed_over
                 asyncio.get_running_loop().call_later(_TRIM_DELAY, self._give_back)
 

@@ -3,6 +3,7 @@ reads files through heap buffers (not a mapping faulted in per read)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -83,3 +84,30 @@ def test_a_read_buffer_comes_from_the_heap_once_tuned() -> None:
     assert tuned["read_buffer_mapped"] == 0
     assert tuned["faults_of_8_reads"] < 256  # nor given back at the top of the heap after each (256 pages a read)
     assert tuned["table_mapped"] == 1  # a table of a burst's size still is, and goes back whole
+
+
+async def test_memory_is_given_back_once_the_start_up_pass_is_over(tmp_path, start_reloader, recorder_cls,
+                                                                   monkeypatch) -> None:
+    """What loading plugins and records freed is given back when the reloader first falls idle (the idle daemon
+    held ~4 MiB more), not only after a burst of 10,000 paths; and not again until such a burst."""
+    from reloadd import _reloader
+
+    trims: list[float] = []
+    monkeypatch.setattr(_reloader, "give_back", lambda: trims.append(1) or True)
+    monkeypatch.setattr(_reloader, "_TRIM_DELAY", 0.05)
+    watched = tmp_path / "w"
+    watched.mkdir()
+    (watched / "a.conf").write_text("a")
+    rec = recorder_cls([watched])
+    r = await start_reloader(rec)
+    await rec.wait_path(watched / "a.conf")
+    for _ in range(100):
+        if trims:
+            break
+        await asyncio.sleep(0.02)
+    assert trims == [1]
+    (watched / "b.conf").write_text("b")  # a handful of changes later: no second trim
+    await rec.wait_path(watched / "b.conf")
+    await r.wait_idle(5)
+    await asyncio.sleep(0.3)
+    assert trims == [1]
