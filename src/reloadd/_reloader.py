@@ -335,6 +335,7 @@ class Reloader:
             degraded=lambda reason: self._degraded(reason, name),
             coverage=self._engine.coverage,
             emit_all=self._engine.emit_all,
+            room=self._engine.room,
         )
 
     def _degraded(self, reason: str | None, source: str | None = None) -> None:

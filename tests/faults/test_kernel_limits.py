@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from asyncinotify import Inotify, Mask
 
 from reloadd._sources import inotify as inotify_source
 from tests.reliability import Reliability
@@ -115,3 +117,32 @@ async def test_max_queued_events(tmp_path: Path, recorder_cls: Any, start_reload
     assert said == 1  # said once, however many overflows
     for p in expected:
         assert rec.changes_for(p)[-1].fingerprint is not None
+
+
+async def test_the_reader_finds_an_overflow_as_the_kernel_writes_it(tmp_path: Path) -> None:
+    """Reads that hold an overflow are counted as they are queued (the source then parses on without waiting
+    for room, so the loss's rescan is not held back): the bytes searched for are the kernel's own."""
+    root = tmp_path / "root"
+    root.mkdir()
+    with sysctl("fs.inotify.max_queued_events", 16):  # taken when the instance is made
+        ino = Inotify()
+    loop = asyncio.get_running_loop()
+    woke = asyncio.Event()
+    reader = inotify_source._Reader(ino.fd, loop, woke.set)
+    try:
+        ino.add_watch(root, Mask.CREATE)
+        for i in range(64):
+            (root / f"f{i:02d}").write_text("x")
+        os.set_blocking(ino.fd, False)
+        reader.start()
+        await asyncio.wait_for(woke.wait(), 10)
+        assert reader.marked == 1
+        data = b""
+        while (chunk := reader.take()) is not None:
+            data += chunk
+        assert reader.marked == 0
+        assert data.endswith(inotify_source._OVERFLOW_EVENT)  # 16 creates, then the overflow
+        assert len(data) == 16 * (inotify_source._HEADER.size + 16) + len(inotify_source._OVERFLOW_EVENT)
+    finally:
+        await asyncio.to_thread(reader.stop)
+        ino.close()

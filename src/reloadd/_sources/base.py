@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -154,6 +154,9 @@ class SourceContext:
         emit_all: Hand several events to the engine in one step (a source that reads many at
             once, as inotify does: one queue entry and one wake-up, not one per event); by
             default each goes through ``emit``.
+        room: Wait up to that many seconds for the engine to have room for more events; whether it
+            has. A source that reads faster than paths settle keeps what it read meanwhile, as it read
+            it (``None``: there is always room).
     """
 
     roots: tuple[WatchRoot, ...]
@@ -163,6 +166,7 @@ class SourceContext:
     degraded: Callable[[str | None], None] = lambda reason: None
     coverage: Coverage = field(default_factory=Coverage)
     emit_all: Callable[[list[SourceEvent]], None] | None = None
+    room: Callable[[float], Awaitable[bool]] | None = None
 
     def emit_many(self, events: list[SourceEvent]) -> None:
         """Hand ``events`` to the engine, in order (one step when the engine takes lists)."""

@@ -61,11 +61,15 @@ _MASK = (
 )
 _READ_BYTES = 64 * 1024  # one read is parsed without yielding the loop: ~1,300 events, a few ms
 _FS_CODEC = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
+_ROOM_POLL = 0.05  # seconds between looks for lost events among the reads, while they are held back
 _QUEUED_MAX = 64 << 20  # bytes of events read and not yet handled, at most (~2M events)
 _GATHER = 0.004  # seconds a read waits when the previous one was this recent (a burst)
 _HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
 # Plain ints for the per-event hot path: IntFlag membership tests cost ~15x more.
 _OVERFLOW = int(Mask.Q_OVERFLOW)
+_OVERFLOW_EVENT = _HEADER.pack(-1, _OVERFLOW, 0, 0)
+"""An overflow as the kernel writes it, found in a read with one search (bytes of a name that read like one
+only make the source parse on without waiting for room)."""
 _IGNORED = int(Mask.IGNORED)
 _SELF = int(Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.UNMOUNT)
 _ISDIR = int(Mask.ISDIR)
@@ -162,6 +166,7 @@ class InotifySource:
                 await readable.wait()
                 readable.clear()
                 while (data := reader.take()) is not None:
+                    await self._room(reader, data)
                     await self._handle_buffer(data)
                     await asyncio.sleep(0)  # one read at a time: the engine's pump gets a turn in between
                 if reader.dropped:
@@ -346,6 +351,19 @@ class InotifySource:
                     tops.append(p)
                     self._emit(EventKind.SUBTREE, p)
             again = self._recover_again
+
+    async def _room(self, reader: _Reader, data: bytes) -> None:
+        """Hold the reads back while the engine has no room for more events (``Engine.room``).
+
+        Not when events were lost (an overflow in ``data`` or in a read still queued, or reads dropped):
+        everything up to the loss is parsed at once, in order, and its rescan starts right after.
+        """
+        room = self.ctx.room
+        if room is None or _OVERFLOW_EVENT in data:
+            return
+        while not (reader.marked or reader.dropped):
+            if await room(_ROOM_POLL):
+                return
 
     async def _handle_buffer(self, data: bytes) -> None:
         """Parse one read of ``struct inotify_event`` records and act on them, in order.
@@ -544,6 +562,7 @@ class _Reader:
         self.wake = wake
         self.error: OSError | None = None
         self.dropped = False
+        self.marked = 0  # reads queued that hold an overflow (see _OVERFLOW_EVENT)
         self._chunks: collections.deque[bytes] = collections.deque()
         self._queued = 0
         self._lock = threading.Lock()
@@ -560,6 +579,8 @@ class _Reader:
                 return None
             data = self._chunks.popleft()
             self._queued -= len(data)
+            if _OVERFLOW_EVENT in data:
+                self.marked -= 1
             return data
 
     def stop(self) -> None:
@@ -604,6 +625,8 @@ class _Reader:
                     else:
                         self._chunks.append(data)
                         self._queued += len(data)
+                        if _OVERFLOW_EVENT in data:
+                            self.marked += 1
             last = time.monotonic()
             if got:
                 try:
