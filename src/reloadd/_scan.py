@@ -23,6 +23,7 @@ from ._types import Fingerprint
 __all__ = ["DigestCache", "Found", "Listing", "Probe", "Trust", "local_devices", "probe", "scan", "walk"]
 
 _CHUNK = 1 << 20
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: never hang on a FIFO swapped in after the stat
 SCAN_CHUNK = 4096
 """Entries a :func:`scan` with a sink holds at most before handing them over."""
 _NOT_REGULAR = "not a regular file (FIFO, socket or device); ignored"
@@ -378,8 +379,10 @@ def _probe_into(path: str, root: str, found: Found, errors: dict[str, str]) -> N
 
 
 def _still(fd: int, fp: Fingerprint) -> bool:
+    """Whether the open file ``fd`` is the regular file ``fp`` was taken of, as it was then."""
     st = os.fstat(fd)
-    return stat.S_ISREG(st.st_mode) and Fingerprint.from_stat(st) == fp
+    return (stat.S_ISREG(st.st_mode) and st.st_ino == fp[0] and st.st_size == fp[1] and st.st_mtime_ns == fp[2]
+            and st.st_ctime_ns == fp[3])
 
 
 class DigestCache:
@@ -409,18 +412,19 @@ class DigestCache:
         hit = self._cache.get(key)
         if hit is not None and hit[0] == fp:
             return hit[1]
-        h = hashlib.sha256()
         try:
-            # O_NONBLOCK: never hang on a FIFO swapped in after the stat.
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(key, _READ_FLAGS)
         except (FileNotFoundError, NotADirectoryError):
             return None  # gone since the stat
         try:
             # Read no more than the probed size (a device swapped in is not read for ever), then one
             # fstat: the same inode, size and times as probed means these bytes are that content.
-            left = fp.size
+            left = fp[1]
             try:
-                while left > 0:
+                first = os.read(fd, min(_CHUNK, left)) if left else b""
+                h = hashlib.sha256(first)  # a small file: one read, hashed as the object is made
+                left -= len(first)
+                while left > 0 and first:
                     chunk = os.read(fd, min(_CHUNK, left))
                     if not chunk:
                         break  # shorter than probed: the fstat says it moved on
