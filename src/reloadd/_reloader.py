@@ -278,7 +278,8 @@ class Reloader:
         for slot in slots:
             await asyncio.to_thread(slot.queue.guard.load)
         self._engine = engine = Engine(slots, agg, clock=self._clock, on_change=self._notify,
-                                       full_rescan_every=self.config.full_rescan_every)
+                                       full_rescan_every=self.config.full_rescan_every,
+                                       rescan_wait=self.config.rescan_interval)
         for slot in slots:
             try:
                 await slot.consumer.start()
