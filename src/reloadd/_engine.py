@@ -43,7 +43,8 @@ __all__ = ["Engine", "EngineStats", "Force", "Slot"]
 
 log = logging.getLogger("reloadd.engine")
 
-_SLICE = 256  # paths probed, or small files read for their digest, on the loop between two turns of it
+_SLICE = 256  # paths the watch reported probed, or read for their digest, on the loop between two turns of it
+_OFFLOAD = 64  # more probes than this of paths a walk found go to a worker thread
 _SMALL = 16 * 1024  # bytes: a file the watch reported up to this size is read for its digest on the loop
 _STEP = 1024  # keys of a walk's findings taken in, and settled, per turn at least (see Engine._feed)
 _FEED_MAX = 4096  # keys settled per turn at most (a fast consumer's backlog: see Engine._feed)
@@ -187,8 +188,8 @@ class Engine:
             paths are settling waits for them to be handed over, at most (0: it never waits). The watch is
             delivering them; a walk in the middle of a burst meets a tree in flux, and judges gone every
             file removed whose event is still among the reads held back (:meth:`room`): a delete burst of
-            100,000 files with a walk in it peaked at 141 MiB and took 5.6-5.9 s of CPU, ~90 MiB and
-            ~2.3 s without one.
+            100,000 files with a walk in it peaked at 141 MiB and took 5.6-5.9 s of CPU, ~95 MiB and
+            2.3-2.4 s without one.
     """
 
     def __init__(
@@ -791,10 +792,7 @@ class Engine:
             return
         self._settled_at, self._drained = time.monotonic(), len(due) < limit
         jobs = [(key, self._root_of(key)) for key in due]
-        probes = _probe_all(jobs[:_SLICE])
-        for i in range(_SLICE, len(jobs), _SLICE):
-            await asyncio.sleep(0)  # a slice at a time: the walk just stat-ed a path found, the watch saw it change
-            probes += _probe_all(jobs[i:i + _SLICE])
+        probes = await self._probe(jobs)
         released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]] = []
         overdue: set[Key] = set()  # handed over at max_hold while still written: no second settle
         now = self.clock()
@@ -863,6 +861,19 @@ class Engine:
             if fp is None:
                 item.hold = holds.get(key)
             slot.queue.put(item)
+
+    async def _probe(self, jobs: list[tuple[Key, Path]]) -> list[Probe]:
+        """Probe a settling step's paths: on the loop a slice at a time when the watch reported them all (as
+        :meth:`_read_here` reads them), else in a worker thread when there are more than :data:`_OFFLOAD` (a
+        walk's findings may be on a slow mount: a rescan is what watches NFS)."""
+        get = self.agg.get
+        if len(jobs) > _OFFLOAD and not all((p := get(key)) is not None and p.reason is _INOTIFY for key, _ in jobs):
+            return await asyncio.to_thread(_probe_all, jobs)
+        probes = _probe_all(jobs[:_SLICE])
+        for i in range(_SLICE, len(jobs), _SLICE):
+            await asyncio.sleep(0)
+            probes += _probe_all(jobs[i:i + _SLICE])
+        return probes
 
     async def _read_here(self, want: list[tuple[str, Fingerprint]],
                          digests: dict[tuple[str, Fingerprint], str | None]) -> None:
