@@ -1,13 +1,14 @@
-"""Content digests of every size of file: small ones read on the loop a slice at a time, bigger ones in a thread."""
+"""Content digests of every size of file, read on the loop (a few small files the watch reported) or in a thread."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 
-from reloadd._engine import _SLICE, _SMALL
+from reloadd._engine import _ON_LOOP, _SMALL
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -18,13 +19,16 @@ async def test_each_file_is_handed_over_with_its_content_digest_whatever_its_siz
     root.mkdir()
     rec = recorder_cls([root])
     r = await start_reloader(rec, rescan_interval="0s")
-    sizes = [0, 1, _SMALL - 1, _SMALL, _SMALL + 1, 1 << 20]
-    contents = {root / f"sized-{n}": os.urandom(n) for n in sizes}
-    # More small files than one slice: read over several turns of the loop, none skipped.
-    contents.update({root / f"many-{i:04d}": os.urandom(1 + i % 64) for i in range(2 * _SLICE + 7)})
-    for path, data in contents.items():
-        path.write_bytes(data)
-    await rec.wait_for(lambda rc: all(rc.changes_for(p) for p in contents), timeout=30)
+    # A few files, across the size line: the small ones read on the loop, the bigger ones in a thread...
+    sized = {root / f"sized-{n}": os.urandom(n) for n in (0, 1, _SMALL - 1, _SMALL, _SMALL + 1, 1 << 20)}
+    # ... then a burst of more small files than a step reads on the loop: read in a thread.
+    burst = {root / f"many-{i:04d}": os.urandom(1 + i % 64) for i in range(2 * _ON_LOOP + 7)}
+    contents: dict[Path, bytes] = {}
+    for files in (sized, burst):
+        for path, data in files.items():
+            path.write_bytes(data)
+        await rec.wait_for(lambda rc, files=files: all(rc.changes_for(p) for p in files), timeout=30)
+        contents.update(files)
     for path, data in contents.items():
         assert [c.digest for c in rec.changes_for(path)] == [hashlib.sha256(data).hexdigest()], path
 
