@@ -872,8 +872,8 @@ class Engine:
         A trickle (a writer at a few thousand files a second) settles in steps of a few dozen paths every
         20 ms; a worker thread for each step's probes and reads cost two hand-offs to the thread and back,
         and the GIL handed over and back at each system call while the loop works on: a modify burst of
-        100,000 files written at 10,000 a second took 4.4-4.7 s of CPU this way against 5.0-5.7 s, and a
-        changed file waits for no thread. A bigger step (a burst) goes to a thread, whose system calls
+        100,000 files written at 10,000 a second took 5.0-5.7 s of CPU that way, 4.4-4.7 s on the loop, and
+        a changed file waits for no thread. A bigger step (a burst) goes to a thread, whose system calls
         overlap the loop's work on the rest of the burst (on the loop, the last of a 100,000-file burst
         came up to ~0.8 s later). A walk's findings may be on a slow mount (a rescan is what watches NFS),
         and a file a walk found may not have been read for months (a disk read): a thread past 64.
