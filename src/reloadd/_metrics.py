@@ -23,6 +23,7 @@ changes_handed_over_total                      counter  (settled paths put on a 
 overflows_total, resyncs_total                 counter
 rescan_duration_seconds                        summary  (count = rescans of every root)
 rescans_covered_total                          counter  (those that took live watches on trust)
+rescans_waited_total                           counter  (periodic ones that waited for a burst to settle)
 overflow_rescan_delay_seconds                  gauge    (last overflow to the start of its rescan)
 consumer_info                                  gauge    consumer, plugin
 consumer_batches_total                         counter  consumer
@@ -159,6 +160,9 @@ class ReloaderCollector:
         yield _counter("reloadd_rescans_covered",
                        "Periodic rescans that listed the directories live watches cover, "
                        "without a stat per file (see full_rescan_interval).", st.covered_rescans)
+        yield _counter("reloadd_rescans_waited",
+                       "Periodic rescans that fell due while paths were settling and waited for them to be "
+                       "handed over (one rescan_interval at most).", st.rescans_waited)
 
     def _consumer_families(self, snap: Snapshot) -> Iterator[Family]:
         lab = ("consumer",)

@@ -54,7 +54,8 @@ def pipeline_snapshot(engine: Engine, watch: Watch, *, ready: bool, ready_max_ag
         ))
     es = engine.stats
     counters = EngineCounters(dict(es.events), engine.agg.coalesced, es.handed_over, es.overflows, es.resyncs,
-                              es.rescans, es.rescan_seconds, es.covered_rescans, es.recovery_delay)
+                              es.rescans, es.rescan_seconds, es.covered_rescans, es.recovery_delay,
+                              rescans_waited=es.rescans_waited)
     return Snapshot(watch, True, ready, ready_max_age, dead_tasks, watch_count, tuple(consumers), counters)
 
 

@@ -73,6 +73,8 @@ class EngineCounters:
     covered_rescans: int = 0
     recovery_delay: float | None = None
     """Seconds from the last loss of events (an inotify overflow) to the start of its rescan."""
+    rescans_waited: int = 0
+    """Periodic rescans that fell due while paths were settling and waited for them to be handed over."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from reloadd._metrics import ReloaderCollector, render
 from reloadd._sources.base import EventKind, SourceEvent
 from tests.waiting import until
 
@@ -39,6 +40,11 @@ async def test_a_periodic_rescan_waits_for_the_paths_settling_then_runs(tmp_path
     await until(lambda: engine.stats.rescans > before, what="the rescan that waited", timeout=5, every=0.01)
     assert engine.stats.rescans == before + 1  # it ran once, once the path was handed over
     await r.wait_idle(5)
+    # What an operator reads: the ops snapshot and /metrics.
+    snap = r.snapshot()
+    assert snap.engine is not None and snap.engine.rescans_waited == 1
+    text = render(ReloaderCollector(r).collect()).decode()
+    assert "\nreloadd_rescans_waited_total 1.0\n" in text
 
 
 async def test_a_periodic_rescan_waits_one_interval_at_most(tmp_path, recorder_cls, start_reloader):
