@@ -420,8 +420,8 @@ class Engine:
                 self.on_change()
 
     def _settling_now(self) -> bool:
-        """Whether paths are settling: in the aggregator, found by a walk and not taken in, or read and held back."""
-        return len(self.agg) > 0 or bool(self._found) or self._holding_reads > 0
+        """Whether paths are settling (:attr:`settling_total`), or read and held back by a source."""
+        return self._holding_reads > 0 or self.settling_total > 0
 
     def _rescan_later(self) -> bool:
         """A periodic rescan is due: whether it waits for the paths settling now (see ``rescan_wait``)."""
@@ -836,7 +836,7 @@ class Engine:
         away: list[tuple[str, Fingerprint]] = []  # read in a worker thread
         for key, _, fp, _, reason in released:
             if fp is not None and key[0] in digesting:
-                (here if reason is Reason.INOTIFY and fp[1] <= _SMALL else away).append((key[1], fp))
+                (here if reason is _INOTIFY and fp[1] <= _SMALL else away).append((key[1], fp))
         digests: dict[tuple[str, Fingerprint], str | None] = {}
         if len(here) > _ON_LOOP:
             away += here  # a burst: read in a thread, beside the loop's work on the rest of it
