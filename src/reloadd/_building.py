@@ -9,8 +9,6 @@ timing, order and groups from.
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -55,6 +53,8 @@ class PrivateDirs:
             private = records.directory / "plugin"
         else:
             if self._scratch is None:
+                import tempfile  # with shutil, 0.9 MiB of modules: only without persistence
+
                 self._scratch = Path(tempfile.mkdtemp(prefix="reloadd-"))
             private = self._scratch / name
         private.mkdir(mode=0o700, exist_ok=True)
@@ -63,6 +63,8 @@ class PrivateDirs:
     def remove(self) -> None:
         """Remove the temporary folder, if one was made."""
         if self._scratch is not None:
+            import shutil
+
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,6 +130,8 @@ def load_config(path: str | Path) -> Config:
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"Failed to read config {path}: {exc.strerror or exc}") from exc
+    import tomllib  # 0.6 MiB of modules: only when a file is read (an embedded Reloader is given a dict)
+
     try:
         doc = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

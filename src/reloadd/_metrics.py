@@ -43,7 +43,6 @@ consumer_stat                                  gauge    consumer, name (the plug
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import math
 import os
 import platform
@@ -101,6 +100,8 @@ def _counter(name: str, doc: str, value: float) -> Family:
 
 
 def _version() -> str:
+    import importlib.metadata  # 2.7 MiB of modules: only when metrics are served
+
     try:
         return importlib.metadata.version("reloadd")
     except importlib.metadata.PackageNotFoundError:

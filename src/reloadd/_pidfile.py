@@ -26,7 +26,6 @@ import os
 import re
 import signal
 import stat
-import tempfile
 from pathlib import Path
 
 from ._errors import ReloaddError
@@ -49,6 +48,8 @@ def write_pid_file(path: Path, pid: int | None = None) -> None:
     pid = os.getpid() if pid is None else pid
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        import tempfile  # with shutil, 0.9 MiB of modules: only where a pid file is written
+
         # mkstemp opens with O_CREAT | O_EXCL | O_NOFOLLOW: never through a symlink.
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:

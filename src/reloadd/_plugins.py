@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import PluginError
 from ._suggest import did_you_mean
 
-__all__ = ["CONSUMER_GROUP", "SOURCE_GROUP", "available", "load"]
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
+__all__ = ["CONSUMER_GROUP", "CORE_SOURCES", "SOURCE_GROUP", "available", "load"]
 
 CONSUMER_GROUP = "reloadd.consumers"
 SOURCE_GROUP = "reloadd.sources"
 
+CORE_SOURCES = {
+    "inotify": "reloadd._sources.inotify:InotifySource",
+    "rescan": "reloadd._sources.rescan:RescanSource",
+    "signal": "reloadd._sources.signals:SignalSource",
+}
+"""The core's own sources, as ``pyproject.toml`` registers them in :data:`SOURCE_GROUP`: loaded by name without a
+lookup. ``importlib.metadata`` is 2.7 MiB of modules (email, zipfile, csv...), which a Reloader embedded with its
+consumers given needs for nothing else."""
+
 
 def _entry_points(group: str) -> dict[str, EntryPoint]:
+    from importlib.metadata import entry_points  # 2.7 MiB of modules: only when a plugin is looked up
+
     return {ep.name: ep for ep in entry_points(group=group)}
 
 
@@ -31,6 +45,10 @@ def load(group: str, name: str) -> Callable[..., Any]:
         PluginError: when no such plugin is installed, or it fails to import, or it is
             not callable; the message names the plugin and lists what is installed.
     """
+    core = CORE_SOURCES.get(name) if group == SOURCE_GROUP else None
+    if core is not None:
+        module, _, attr = core.partition(":")
+        return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
     eps = _entry_points(group)
     ep = eps.get(name)
     if ep is None:
