@@ -806,8 +806,9 @@ class Engine:
                 released.append((key, root, pr.fingerprint, p.forced, p.reason))
                 if self._held_too_long(key, p, growing, now):
                     overdue.add(key)
-        self._in_hand.update(key for key, *_ in released)
-        self._in_hand_by.update(key[0] for key, *_ in released)
+        keys = [r[0] for r in released]
+        self._in_hand.update(keys)
+        self._in_hand_by.update([k[0] for k in keys])
         try:
             await self._hand_over(released, overdue)
         finally:

@@ -33,11 +33,21 @@ __all__ = ["RecordView", "data_json_of", "data_of", "digest_of", "dumps", "error
 _FP = struct.Struct("<QQqq")
 _LEN = struct.Struct("<I")
 _HAS_FP, _HAS_SHA, _HAS_TEXT, _HAS_DATA, _HAS_ERROR = 1, 2, 4, 8, 16
-_HEX = frozenset("0123456789abcdef")
 dumps = json.JSONEncoder(separators=(",", ":")).encode
 """Compact JSON text, as the state files hold it."""
 _str = json.encoder.encode_basestring_ascii  # what json.dumps uses for a str, in C
 _new_fp = tuple.__new__
+
+
+def _sha_bytes(digest: str) -> bytes | None:
+    """The 32 bytes of a 64-character lower-case hex digest, or ``None`` when it is some other text (kept as
+    text: it must read back as it was). A round trip through ``bytes.fromhex``: 0.17 µs, where checking each
+    character against a set took 0.66 (once per acknowledged path)."""
+    try:
+        raw = bytes.fromhex(digest)
+    except ValueError:
+        return None
+    return raw if raw.hex() == digest else None
 
 
 def pack(fingerprint: tuple[int, int, int, int] | None, digest: str | None = None, data: JSONValue = None,
@@ -60,9 +70,10 @@ def pack_json(fingerprint: tuple[int, int, int, int] | None, digest: str | None,
         flags |= _HAS_FP
         head = _FP.pack(*fingerprint)
     if digest is not None:
-        if len(digest) == 64 and _HEX.issuperset(digest):
+        raw = _sha_bytes(digest) if len(digest) == 64 else None
+        if raw is not None:
             flags |= _HAS_SHA
-            head += bytes.fromhex(digest)
+            head += raw
         else:
             flags |= _HAS_TEXT
             raw = digest.encode("utf-8", "surrogateescape")

@@ -29,7 +29,7 @@ from ._outcomes import result_of
 from ._packed import data_json_of, data_of, dumps, unpack
 from ._prune import PruneGuard
 from ._state import RecordStore
-from ._types import Ack, Batch, Change, ChangeKind, Hold, Reason, Reject, Result, Retry
+from ._types import Ack, Batch, Change, ChangeKind, Hold, Reason, Reject, Result, Retry, new_change
 
 __all__ = ["Item", "QueueCounts", "QueueStats", "WorkQueue"]
 
@@ -430,7 +430,7 @@ class WorkQueue:
 
     def _change_of(self, item: Item) -> Change:
         kind = change_kind(self._packed.get(item.key), item.fingerprint)
-        return Change(item.path, kind, item.fingerprint, item.digest, item.forced, item.root, item.confirmed)
+        return new_change(item.path, kind, item.fingerprint, item.digest, item.forced, item.root, item.confirmed)
 
     async def _run_batch(self, items: list[Item]) -> None:
         changes = tuple(self._change_of(i) for i in items)

