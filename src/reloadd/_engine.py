@@ -846,6 +846,7 @@ class Engine:
         if away:
             digests.update(await asyncio.to_thread(digest_all, self.digests, away))
         holds = await self._judge_removals(released)
+        items: dict[str, list[Item]] = {}  # per consumer, in order: one wake-up of each queue for the step
         for key, root, fp, forced, reason in released:
             slot = self.slots.get(key[0])
             if slot is None:
@@ -863,7 +864,12 @@ class Engine:
             item = Item(key[1], root, fp, digest, forced, reason)
             if fp is None:
                 item.hold = holds.get(key)
-            slot.queue.put(item)
+            per = items.get(key[0])
+            if per is None:
+                per = items[key[0]] = []
+            per.append(item)
+        for name, per in items.items():
+            self.slots[name].queue.put_all(per)
 
     async def _probe(self, jobs: list[tuple[Key, Path]]) -> list[Probe]:
         """Probe a settling step's paths: on the loop when the watch reported them all and they are at most

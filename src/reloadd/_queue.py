@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -258,28 +258,38 @@ class WorkQueue:
         A removal the engine judged held (``item.hold``) waits outside the queue. A held path
         found again ends its hold: unchanged, nothing is handed over; changed, it goes as usual.
         """
-        if self._held.concerns(item):
-            if item.hold is not None:
-                self._items.pop(item.key, None)  # a removal held: out of the work
-            if self._held.absorb(item):
-                return
-        old = self._items.get(item.key)
-        if old is not None:
-            if repeats(old, item):
-                return  # nothing new (a rescan re-finding a path in backoff): keep its backoff
-            item.forced = item.forced or old.forced
-            item.since = old.since
-        else:
-            item.since = self._clock()
-        if self._group_of is not None:
-            item.group = self._group_of(item.path)
-        if old is None and item.key not in self._inflight:
-            if not self._needed(item):
-                return
-            item.checked = True  # only its own batch can change its record now
-        self._items[item.key] = item
-        self._wakeup.set()
-        self._on_change()
+        self.put_all((item,))
+
+    def put_all(self, items: Iterable[Item]) -> None:
+        """:meth:`put` of each of ``items`` (a settling step's), with one wake-up for them all."""
+        now = self._clock()
+        queued = False
+        held, pending, inflight, group_of = self._held, self._items, self._inflight, self._group_of
+        for item in items:
+            if held.concerns(item):
+                if item.hold is not None:
+                    pending.pop(item.key, None)  # a removal held: out of the work
+                if held.absorb(item):
+                    continue
+            old = pending.get(item.key)
+            if old is not None:
+                if repeats(old, item):
+                    continue  # nothing new (a rescan re-finding a path in backoff): keep its backoff
+                item.forced = item.forced or old.forced
+                item.since = old.since
+            else:
+                item.since = now
+            if group_of is not None:
+                item.group = group_of(item.path)
+            if old is None and item.key not in inflight:
+                if not self._needed(item):
+                    continue
+                item.checked = True  # only its own batch can change its record now
+            pending[item.key] = item
+            queued = True
+        if queued:
+            self._wakeup.set()
+            self._on_change()
 
     def tidy(self) -> None:
         """Idle after a burst: write the compaction a burst put off (in the background), if one is due."""
@@ -487,9 +497,12 @@ class WorkQueue:
         finished = True
         self.stats.batches += 1
         try:
-            for item, change in zip(items, changes, strict=True):
-                if item.key not in settled:
-                    self._apply(item, change, results.get(change.path) if results else None)
+            if not results and not settled:
+                self._acknowledge_all(items, changes)  # the common case: every path acknowledged as handed over
+            else:
+                for item, change in zip(items, changes, strict=True):
+                    if item.key not in settled:
+                        self._apply(item, change, results.get(change.path) if results else None)
             await self.flush()  # still in flight until the acknowledgement is durable
         finally:
             for item in items:
@@ -555,27 +568,38 @@ class WorkQueue:
         """The core's error policy (:func:`reloadd._outcomes.result_of`)."""
         return result_of(exc, self.consumer.name, path)
 
-    def _acknowledged(self, item: Item, change: Change, text: str | None) -> None:
-        """Record ``item`` as acknowledged, with the consumer's data as JSON ``text`` (a removal: forgotten)."""
-        self.stats.acked += 1
+    def _acknowledge_all(self, items: Sequence[Item], changes: Sequence[Change],
+                         texts: Sequence[str | None] | None = None) -> None:
+        """Record each item as acknowledged, with the consumer's data as JSON ``texts`` (``None``: the data its
+        record had, kept as the text it is stored as); a removal is forgotten. One loop for a batch: the calls
+        per path of ``_apply`` cost ~1.5 µs a path in a burst."""
+        packed, records, drift = self._packed, self.records, self.drift
+        done = self.guard.done if self.guard.confirmed else None  # removals a person confirmed: none, mostly
+        for i, (item, change) in enumerate(zip(items, changes, strict=True)):
+            key = item.key
+            if done is not None:
+                done(key)
+            deleted = change.kind is _DELETED
+            if deleted:
+                records.drop(key)
+            else:
+                if texts is None:
+                    prev = packed.get(key)
+                    text = data_json_of(prev) if prev is not None else None
+                else:
+                    text = texts[i]
+                records.set_json(key, item.fingerprint, item.digest, text)
+            if drift is not None:
+                (drift.forget if deleted else drift.settled)(key)
+        self.stats.acked += len(items)
         self.stats.last_success = time.time()
-        deleted = change.kind is _DELETED
-        if deleted:
-            self.records.drop(item.key)
-        else:
-            self.records.set_json(item.key, item.fingerprint, item.digest, text)
-        if self.drift is not None:
-            (self.drift.forget if deleted else self.drift.settled)(item.key)
 
     def _apply(self, item: Item, change: Change, result: Result | None) -> None:
         path = item.key
         prev = self._packed.get(path)
         if result is None:  # acknowledged as handed over: the data kept as the JSON text it is stored as
-            self.guard.done(path)
-            self._acknowledged(item, change, data_json_of(prev) if prev is not None else None)
+            self._acknowledge_all((item,), (change,))
             return
-        if not isinstance(result, Retry | Hold):
-            self.guard.done(path)
         if isinstance(result, Ack):
             try:
                 text = None if result.data is None else dumps(result.data)
@@ -583,8 +607,9 @@ class WorkQueue:
                 log.error("Consumer %s acknowledged %s with data that is not JSON (not kept): %s",
                           self.consumer.name, path, exc)
                 text = None
-            self._acknowledged(item, change, text)
+            self._acknowledge_all((item,), (change,), (text,))
         elif isinstance(result, Reject):
+            self.guard.done(path)
             self.stats.rejected += 1
             log.warning("Failed to handle %s in consumer %s (rejected until it changes or a SIGHUP): %s",
                         path, self.consumer.name, result.error)

@@ -92,6 +92,15 @@ async def test_an_emptied_root_is_held_and_confirm_runs_exactly_the_held_removal
     assert all(not deleted(rec, f) for f in other)
     assert not held_paths(r) and not any(str(f) in rec.ctx.records for f in files)
 
+    # A confirmation covers the removals it ran, not the next loss of the same files.
+    fill(root)
+    await until(lambda: all(str(f) in rec.ctx.records for f in files), what="the files back")
+    for f in files:
+        f.unlink()
+    await until(lambda: held_paths(r) == {str(f) for f in files}, what="the new removals held")
+    await quiet_rescans(r)
+    assert all(len(deleted(rec, f)) == 1 for f in files)
+
 
 async def test_an_ordinary_delete_of_one_file_is_handed_over_at_once(tmp_path, recorder_cls, start_reloader):
     root = tmp_path / "root"
