@@ -138,7 +138,6 @@ class Change:
     prune_confirmed: bool = False
 
 
-
 _SET_CHANGE = tuple(Change.__dict__[name].__set__ for name in Change.__slots__)  # the slots' own setters
 
 
@@ -156,6 +155,7 @@ def new_change(path: Path, kind: ChangeKind, fingerprint: Fingerprint | None, di
     s_root(c, root)
     s_confirmed(c, prune_confirmed)
     return c
+
 
 @dataclass(frozen=True, slots=True)
 class Batch:

@@ -369,3 +369,22 @@ def test_a_digest_is_reused_only_for_the_fingerprint_it_was_read_at(tmp_path):
         g.write_bytes(str(i).encode())
         assert cache.digest(g, Fingerprint.from_stat(os.stat(g))) == hashlib.sha256(str(i).encode()).hexdigest()
     assert len(cache._cache) <= 4
+
+
+def test_the_fast_constructors_build_what_the_dataclasses_do() -> None:
+    from reloadd import Change, ChangeKind, SourceEvent
+    from reloadd._sources.base import EventKind, file_event
+    from reloadd._types import new_change
+
+    fp = Fingerprint(1, 2, 3, 4)
+    fields = (Path("/w/a"), ChangeKind.MODIFIED, fp, "d" * 64, True, Path("/w"), True)
+    built = new_change(*fields)
+    assert built == Change(*fields) and hash(built) == hash(Change(*fields))
+    assert (built.path, built.kind, built.fingerprint, built.digest, built.forced, built.root,
+            built.prune_confirmed) == fields
+    event = file_event(EventKind.WRITTEN, "/w/a", "inotify", 2)
+    assert event == SourceEvent(EventKind.WRITTEN, "/w/a", "inotify", 2)
+    assert (event.kind, event.path, event.source, event.folded, event.consumer, event.drift, event.lost_at) == (
+        EventKind.WRITTEN, "/w/a", "inotify", 2, None, None, None)
+    with pytest.raises(AttributeError):
+        built.path = Path("/elsewhere")  # type: ignore[misc]  # still frozen
