@@ -792,7 +792,8 @@ class Engine:
             return
         self._settled_at, self._drained = time.monotonic(), len(due) < limit
         jobs = [(key, self._root_of(key)) for key in due]
-        probes = await self._probe(jobs)
+        here = self._on_loop(jobs)
+        probes = _probe_all(jobs) if here else await asyncio.to_thread(_probe_all, jobs)
         released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]] = []
         overdue: set[Key] = set()  # handed over at max_hold while still written: no second settle
         now = self.clock()
@@ -810,7 +811,7 @@ class Engine:
         self._in_hand.update(keys)
         self._in_hand_by.update([k[0] for k in keys])
         try:
-            await self._hand_over(released, overdue)
+            await self._hand_over(released, overdue, here)
         finally:
             self._in_hand.clear()
             self._in_hand_by.clear()
@@ -831,18 +832,18 @@ class Engine:
         return max(_STEP, min(2 * batch, _FEED_MAX))
 
     async def _hand_over(self, released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]],
-                         overdue: frozenset[Key] | set[Key] = frozenset()) -> None:
+                         overdue: frozenset[Key] | set[Key] = frozenset(), on_loop: bool = False) -> None:
+        """Digest and queue what a settling step released; ``on_loop``: the step was probed on the loop, and
+        its small files the watch reported are read there too (see :meth:`_on_loop`)."""
         digesting = {name for name, slot in self.slots.items() if slot.consumer.content_digest}
-        here: list[tuple[str, Fingerprint]] = []  # read on the loop (see _probe)
+        here: list[tuple[str, Fingerprint]] = []  # read on the loop
         away: list[tuple[str, Fingerprint]] = []  # read in a worker thread
         for key, _, fp, _, reason in released:
             if fp is not None and key[0] in digesting:
-                (here if reason is _INOTIFY and fp[1] <= _SMALL else away).append((key[1], fp))
+                (here if on_loop and reason is _INOTIFY and fp[1] <= _SMALL else away).append((key[1], fp))
         digests: dict[tuple[str, Fingerprint], str | None] = {}
-        if len(here) > _ON_LOOP:
-            away += here  # a burst: read in a thread, beside the loop's work on the rest of it
-        elif here:
-            digests.update(digest_all(self.digests, here))  # see _probe
+        if here:
+            digests.update(digest_all(self.digests, here))
         if away:
             digests.update(await asyncio.to_thread(digest_all, self.digests, away))
         holds = await self._judge_removals(released)
@@ -871,10 +872,10 @@ class Engine:
         for name, per in items.items():
             self.slots[name].queue.put_all(per)
 
-    async def _probe(self, jobs: list[tuple[Key, Path]]) -> list[Probe]:
-        """Probe a settling step's paths: on the loop when the watch reported them all and they are at most
-        :data:`_ON_LOOP` (their small files are read for their digests there too), else in a worker thread
-        when they are more than :data:`_OFFLOAD`.
+    def _on_loop(self, jobs: list[tuple[Key, Path]]) -> bool:
+        """Whether a settling step is probed on the loop (and its small files the watch reported read there for
+        their digests): when the watch reported every path of it and they are at most :data:`_ON_LOOP`, or
+        when they are at most :data:`_OFFLOAD`; else the step goes to a worker thread.
 
         A trickle (a writer at a few thousand files a second) settles in steps of a few dozen paths every
         20 ms; a worker thread for each step's probes and reads cost two hand-offs to the thread and back,
@@ -885,10 +886,8 @@ class Engine:
         came up to ~0.8 s later). A walk's findings may be on a slow mount (a rescan is what watches NFS),
         and a file a walk found may not have been read for months (a disk read): a thread past 64.
         """
-        if len(jobs) > _OFFLOAD and (len(jobs) > _ON_LOOP or not all(
-                (p := self.agg.get(key)) is not None and p.reason is _INOTIFY for key, _ in jobs)):
-            return await asyncio.to_thread(_probe_all, jobs)
-        return _probe_all(jobs)
+        return len(jobs) <= _OFFLOAD or (len(jobs) <= _ON_LOOP and all(
+            (p := self.agg.get(key)) is not None and p.reason is _INOTIFY for key, _ in jobs))
 
     async def _judge_removals(
         self, released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]]
