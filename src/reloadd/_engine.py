@@ -33,7 +33,7 @@ from ._drift import DriftBook
 from ._filters import PathFilter, under
 from ._item import path_of
 from ._queue import Item, WorkQueue
-from ._scan import DigestCache, Listing, Probe, probe
+from ._scan import DigestCache, Listing, Probe, probe, probe_read
 from ._sources.base import Coverage, EventKind, SourceEvent
 from ._state import RecordStore
 from ._types import Fingerprint, Reason
@@ -793,7 +793,8 @@ class Engine:
         self._settled_at, self._drained = time.monotonic(), len(due) < limit
         jobs = [(key, self._root_of(key)) for key in due]
         here = self._on_loop(jobs)
-        probes = _probe_all(jobs) if here else await asyncio.to_thread(_probe_all, jobs)
+        reads = self._reads(jobs, here)
+        probes, known = _probe_all(jobs, reads) if here else await asyncio.to_thread(_probe_all, jobs, reads)
         released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]] = []
         overdue: set[Key] = set()  # handed over at max_hold while still written: no second settle
         now = self.clock()
@@ -811,7 +812,7 @@ class Engine:
         self._in_hand.update(keys)
         self._in_hand_by.update([k[0] for k in keys])
         try:
-            await self._hand_over(released, overdue, here)
+            await self._hand_over(released, overdue, here, known)
         finally:
             self._in_hand.clear()
             self._in_hand_by.clear()
@@ -832,16 +833,18 @@ class Engine:
         return max(_STEP, min(2 * batch, _FEED_MAX))
 
     async def _hand_over(self, released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]],
-                         overdue: frozenset[Key] | set[Key] = frozenset(), on_loop: bool = False) -> None:
+                         overdue: frozenset[Key] | set[Key] = frozenset(), on_loop: bool = False,
+                         known: dict[tuple[str, Fingerprint], str] | None = None) -> None:
         """Digest and queue what a settling step released; ``on_loop``: the step was probed on the loop, and
-        its small files the watch reported are read there too (see :meth:`_on_loop`)."""
-        digesting = {name for name, slot in self.slots.items() if slot.consumer.content_digest}
+        its small files the watch reported are read there too (see :meth:`_on_loop`). ``known``: the digests
+        the probes read (:meth:`_reads`), at the fingerprints they found; those files are not read again."""
+        digesting = self._digesting()
         here: list[tuple[str, Fingerprint]] = []  # read on the loop
         away: list[tuple[str, Fingerprint]] = []  # read in a worker thread
         for key, _, fp, _, reason in released:
-            if fp is not None and key[0] in digesting:
+            if fp is not None and key[0] in digesting and (known is None or (key[1], fp) not in known):
                 (here if on_loop and reason is _INOTIFY and fp[1] <= _SMALL else away).append((key[1], fp))
-        digests: dict[tuple[str, Fingerprint], str | None] = {}
+        digests: dict[tuple[str, Fingerprint], str | None] = dict(known) if known else {}
         if here:
             digests.update(digest_all(self.digests, here))
         if away:
@@ -871,6 +874,23 @@ class Engine:
             per.append(item)
         for name, per in items.items():
             self.slots[name].queue.put_all(per)
+
+    def _digesting(self) -> set[str]:
+        """The consumers whose changes carry a content digest."""
+        return {name for name, slot in self.slots.items() if slot.consumer.content_digest}
+
+    def _reads(self, jobs: list[tuple[Key, Path]], on_loop: bool) -> list[bool]:
+        """Which paths of a settling step its probes read at once for their digests (:func:`probe_read`): those
+        of a consumer that wants digests, the watch reported when probed on the loop (the rule of
+        :meth:`_hand_over`), any in a worker thread. A file still written when probed is read for nothing
+        (it settles again); one written in a burst is probed once, when it is done."""
+        digesting = self._digesting()
+        if not digesting:
+            return [False] * len(jobs)
+        if not on_loop:
+            return [key[0] in digesting for key, _ in jobs]
+        get = self.agg.get
+        return [key[0] in digesting and (p := get(key)) is not None and p.reason is _INOTIFY for key, _ in jobs]
 
     def _on_loop(self, jobs: list[tuple[Key, Path]]) -> bool:
         """Whether a settling step is probed on the loop (and its small files the watch reported read there for
@@ -931,5 +951,19 @@ def _take(events: list[SourceEvent | Force], got: SourceEvent | Force | list[Sou
         events.append(got)
 
 
-def _probe_all(jobs: list[tuple[Key, Path]]) -> list[Probe]:
-    return [probe(key[1], root) for key, root in jobs]
+def _probe_all(jobs: list[tuple[Key, Path]], reads: list[bool]
+               ) -> tuple[list[Probe], dict[tuple[str, Fingerprint], str]]:
+    """Probe each job; those ``reads`` marks are read at once if small (:func:`probe_read`): their digests,
+    by path and the fingerprint they were read at."""
+    probes: list[Probe] = []
+    known: dict[tuple[str, Fingerprint], str] = {}
+    for (key, root), read in zip(jobs, reads, strict=True):
+        if read:
+            pr, digest = probe_read(key[1], root, _SMALL)
+            if digest is not None:
+                assert pr.fingerprint is not None
+                known[(key[1], pr.fingerprint)] = digest
+        else:
+            pr = probe(key[1], root)
+        probes.append(pr)
+    return probes, known

@@ -20,7 +20,7 @@ from ._filters import under
 from ._packed import pack_stat, unpack_stat
 from ._types import Fingerprint
 
-__all__ = ["DigestCache", "Found", "Listing", "Probe", "Trust", "local_devices", "probe", "scan", "walk"]
+__all__ = ["DigestCache", "Found", "Listing", "Probe", "Trust", "local_devices", "probe", "probe_read", "scan", "walk"]
 
 _CHUNK = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: never hang on a FIFO swapped in after the stat
@@ -165,6 +165,48 @@ def probe(path: Path | str, root: Path | str) -> Probe:
         return _ABSENT
     except OSError as exc:
         return Probe(None, f"cannot stat: {exc.strerror or exc}")
+    return _probe_from(lst, path, root)
+
+
+def probe_read(path: str, root: Path | str, limit: int) -> tuple[Probe, str | None]:
+    """:func:`probe` ``path`` and, when it is a regular file of at most ``limit`` bytes, read it at once for its
+    SHA-256: one call where a probe and :meth:`DigestCache.digest` stat the path twice (~1.9 µs a small file,
+    of ~10). The digest is ``None`` when the file was not read (not a regular file, a symlink, bigger, gone or
+    unreadable, or changed while read): the hand-over then reads it as usual, and says why if it cannot.
+
+    Nothing but a regular file is opened (the ``lstat`` comes first, and the open does not follow a symlink
+    swapped in since).
+    """
+    try:
+        lst = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return _ABSENT, None
+    except OSError as exc:
+        return Probe(None, f"cannot stat: {exc.strerror or exc}"), None
+    if not stat.S_ISREG(lst.st_mode):
+        return _probe_from(lst, path, root), None
+    fp = Fingerprint.from_stat(lst)
+    pr = _probe_of(Probe, (fp, None))
+    size = lst.st_size
+    if size > limit:
+        return pr, None
+    try:
+        fd = os.open(path, _READ_FLAGS | os.O_NOFOLLOW)
+    except OSError:
+        return pr, None
+    try:
+        data = os.read(fd, size) if size else b""
+        if len(data) != size or not _still(fd, fp):
+            return pr, None
+    except OSError:
+        return pr, None
+    finally:
+        os.close(fd)
+    return pr, hashlib.sha256(data).hexdigest()
+
+
+def _probe_from(lst: os.stat_result, path: Path | str, root: Path | str) -> Probe:
+    """:func:`probe`'s verdict on ``path`` once ``lstat``-ed (``lst``)."""
     st = lst
     if stat.S_ISLNK(lst.st_mode):
         try:

@@ -43,9 +43,9 @@ def _slow_settling(monkeypatch: pytest.MonkeyPatch, backlog: int, step: int, pau
     monkeypatch.setattr(_engine, "_FEED_MAX", step)
     probe_all = _engine._probe_all
 
-    def slow(jobs: Sequence[Any]) -> list[Probe]:
+    def slow(jobs: Sequence[Any], reads: list[bool]) -> tuple[list[Probe], dict[Any, str]]:
         time.sleep(pause)
-        return probe_all(jobs)  # type: ignore[arg-type]
+        return probe_all(jobs, reads)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_engine, "_probe_all", slow)
 

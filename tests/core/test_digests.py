@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from reloadd._engine import _ON_LOOP, _SMALL
+from reloadd._scan import probe, probe_read
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,3 +42,41 @@ async def test_each_file_is_handed_over_with_its_content_digest_whatever_its_siz
     await rec.wait_path(sentinel)
     await r.wait_idle(20)
     assert {p.name for p in contents if len(rec.changes_for(p)) != 1} == set()
+
+
+def test_a_probe_that_reads_opens_nothing_but_a_regular_file(tmp_path: Path) -> None:
+    """A settling path is probed and, if small, read in one call: a FIFO is still never opened (a writer
+    waiting for its reader would be let through, then see the pipe close), and a symlink out of the tree is
+    refused as a plain probe refuses it."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    opened = threading.Event()
+
+    def writer() -> None:
+        fd = os.open(fifo, os.O_WRONLY)  # blocks until something opens the pipe for reading
+        opened.set()
+        os.close(fd)
+
+    threading.Thread(target=writer, daemon=True).start()
+    pr, digest = probe_read(str(fifo), tmp_path, _SMALL)
+    assert (pr, digest) == (probe(fifo, tmp_path), None)
+    assert pr.error is not None and "not a regular file" in pr.error
+    assert not opened.wait(0.3)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # let the writer go
+    try:
+        assert opened.wait(5)
+    finally:
+        os.close(fd)
+
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.write_bytes(b"secret")
+    link = tmp_path / "link"
+    link.symlink_to(outside)
+    pr, digest = probe_read(str(link), tmp_path, _SMALL)
+    assert digest is None and pr.fingerprint is None
+    assert pr.error is not None and str(outside) in pr.error
+
+    small = tmp_path / "small"
+    small.write_bytes(b"x" * 100)
+    pr, digest = probe_read(str(small), tmp_path, _SMALL)
+    assert pr == probe(small, tmp_path) and digest == hashlib.sha256(b"x" * 100).hexdigest()
