@@ -22,17 +22,18 @@ import itertools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import cast
 
 from ._filters import PathFilter, under
 from ._item import Item
 from ._packed import digest_of, pack_record, pack_stat, stat_mismatches, stat_of
 from ._prune import PruneGuard, RootId
-from ._scan import DigestCache, Found, Listing, Trust, WalkStopped, local_devices, scan
+from ._scan import DigestCache, Found, Listing, Probe, Trust, WalkStopped, local_devices, probe, probe_read, scan
 from ._types import Change, ChangeKind, Fingerprint, PathRecord
 
 __all__ = ["CHANGED", "UNREADABLE", "UNSEEN", "Diff", "Needed", "Recorded", "View", "change_kind", "diff",
-           "digest_all", "needed", "needed_packed", "repeats", "steady", "unchanged"]
+           "digest_all", "needed", "needed_packed", "probe_all", "repeats", "steady", "unchanged"]
 
 
 UNSEEN: object = object()
@@ -124,6 +125,25 @@ def digest_all(
             d = UNREADABLE + (exc.strerror or str(exc))
         out[(p, fp)] = CHANGED if d is None else d
     return out
+
+
+def probe_all(jobs: list[tuple[tuple[str, str], Path]], reads: list[bool], limit: int
+              ) -> tuple[list[Probe], dict[tuple[str, Fingerprint], str]]:
+    """Probe each ``(key, root)`` of a settling step; those ``reads`` marks, when a regular file of at most
+    ``limit`` bytes, are read at once (:func:`reloadd._scan.probe_read`): their digests, by path and the
+    fingerprint they were read at (the rest are read by :func:`digest_all`, if handed over). Blocking."""
+    probes: list[Probe] = []
+    known: dict[tuple[str, Fingerprint], str] = {}
+    for (key, root), read in zip(jobs, reads, strict=True):
+        if read:
+            pr, digest = probe_read(key[1], root, limit)
+            if digest is not None:
+                assert pr.fingerprint is not None
+                known[(key[1], pr.fingerprint)] = digest
+        else:
+            pr = probe(key[1], root)
+        probes.append(pr)
+    return probes, known
 
 
 @dataclass

@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._aggregator import Aggregator, Key, Pending
-from ._changes import CHANGED, UNREADABLE, Diff, Recorded, Resume, View, diff, digest_all, steady
+from ._changes import CHANGED, UNREADABLE, Diff, Recorded, Resume, View, diff, digest_all, probe_all, steady
 from ._consumer import BaseConsumer, Consumer
 from ._drift import DriftBook
 from ._filters import PathFilter, under
 from ._item import path_of
 from ._queue import Item, WorkQueue
-from ._scan import DigestCache, Listing, Probe, probe, probe_read
+from ._scan import DigestCache, Listing
 from ._sources.base import Coverage, EventKind, SourceEvent
 from ._state import RecordStore
 from ._types import Fingerprint, Reason
@@ -794,7 +794,8 @@ class Engine:
         jobs = [(key, self._root_of(key)) for key in due]
         here = self._on_loop(jobs)
         reads = self._reads(jobs, here)
-        probes, known = _probe_all(jobs, reads) if here else await asyncio.to_thread(_probe_all, jobs, reads)
+        probes, known = (probe_all(jobs, reads, _SMALL) if here
+                          else await asyncio.to_thread(probe_all, jobs, reads, _SMALL))
         released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]] = []
         overdue: set[Key] = set()  # handed over at max_hold while still written: no second settle
         now = self.clock()
@@ -880,7 +881,7 @@ class Engine:
         return {name for name, slot in self.slots.items() if slot.consumer.content_digest}
 
     def _reads(self, jobs: list[tuple[Key, Path]], on_loop: bool) -> list[bool]:
-        """Which paths of a settling step its probes read at once for their digests (:func:`probe_read`): those
+        """Which paths of a settling step its probes read at once for their digests (:func:`probe_all`): those
         of a consumer that wants digests, the watch reported when probed on the loop (the rule of
         :meth:`_hand_over`), any in a worker thread. A file still written when probed is read for nothing
         (it settles again); one written in a burst is probed once, when it is done."""
@@ -951,19 +952,3 @@ def _take(events: list[SourceEvent | Force], got: SourceEvent | Force | list[Sou
         events.append(got)
 
 
-def _probe_all(jobs: list[tuple[Key, Path]], reads: list[bool]
-               ) -> tuple[list[Probe], dict[tuple[str, Fingerprint], str]]:
-    """Probe each job; those ``reads`` marks are read at once if small (:func:`probe_read`): their digests,
-    by path and the fingerprint they were read at."""
-    probes: list[Probe] = []
-    known: dict[tuple[str, Fingerprint], str] = {}
-    for (key, root), read in zip(jobs, reads, strict=True):
-        if read:
-            pr, digest = probe_read(key[1], root, _SMALL)
-            if digest is not None:
-                assert pr.fingerprint is not None
-                known[(key[1], pr.fingerprint)] = digest
-        else:
-            pr = probe(key[1], root)
-        probes.append(pr)
-    return probes, known

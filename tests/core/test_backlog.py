@@ -41,13 +41,13 @@ def _slow_settling(monkeypatch: pytest.MonkeyPatch, backlog: int, step: int, pau
     monkeypatch.setattr(_engine, "_BACKLOG", backlog)
     monkeypatch.setattr(_engine, "_STEP", step)
     monkeypatch.setattr(_engine, "_FEED_MAX", step)
-    probe_all = _engine._probe_all
+    probe_all = _engine.probe_all
 
-    def slow(jobs: Sequence[Any], reads: list[bool]) -> tuple[list[Probe], dict[Any, str]]:
+    def slow(jobs: Sequence[Any], reads: list[bool], limit: int) -> tuple[list[Probe], dict[Any, str]]:
         time.sleep(pause)
-        return probe_all(jobs, reads)  # type: ignore[arg-type]
+        return probe_all(jobs, reads, limit)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_engine, "_probe_all", slow)
+    monkeypatch.setattr(_engine, "probe_all", slow)
 
 
 async def test_a_burst_written_faster_than_it_settles_is_read_as_it_settles(
