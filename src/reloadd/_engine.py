@@ -958,5 +958,3 @@ def _take(events: list[SourceEvent | Force], got: SourceEvent | Force | list[Sou
         events.extend(got)  # a source's whole read, emitted in one step
     else:
         events.append(got)
-
-
