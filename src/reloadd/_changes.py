@@ -128,12 +128,12 @@ def digest_all(
 
 
 def probe_all(jobs: list[tuple[tuple[str, str], Path]], reads: list[bool], limit: int
-              ) -> tuple[list[Probe], dict[tuple[str, Fingerprint], str]]:
+              ) -> tuple[list[Probe], dict[tuple[str, Fingerprint], str | None]]:
     """Probe each ``(key, root)`` of a settling step; those ``reads`` marks, when a regular file of at most
     ``limit`` bytes, are read at once (:func:`reloadd._scan.probe_read`): their digests, by path and the
     fingerprint they were read at (the rest are read by :func:`digest_all`, if handed over). Blocking."""
     probes: list[Probe] = []
-    known: dict[tuple[str, Fingerprint], str] = {}
+    known: dict[tuple[str, Fingerprint], str | None] = {}  # typed as digest_all's answers: the step's table
     for (key, root), read in zip(jobs, reads, strict=True):
         if read:
             pr, digest = probe_read(key[1], root, limit)

@@ -412,8 +412,8 @@ class Engine:
             while not self.inbox.empty():
                 _take(events, self.inbox.get_nowait())
             self._handed_in = 0
-            if not self._room.is_set() and self._has_room():
-                self._room.set()
+            if self._has_room():
+                self._room.set()  # as after a settling step: a source held back by what it handed in goes on
             self._loss_waiting = False  # any loss queued so far is in ``events``
             self.busy = True
             try:
@@ -843,17 +843,18 @@ class Engine:
 
     async def _hand_over(self, released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]],
                          overdue: frozenset[Key] | set[Key] = frozenset(), on_loop: bool = False,
-                         known: dict[tuple[str, Fingerprint], str] | None = None) -> None:
+                         known: dict[tuple[str, Fingerprint], str | None] | None = None) -> None:
         """Digest and queue what a settling step released; ``on_loop``: the step was probed on the loop, and
         its small files the watch reported are read there too (see :meth:`_on_loop`). ``known``: the digests
-        the probes read (:meth:`_reads`), at the fingerprints they found; those files are not read again."""
+        the probes read (:meth:`_reads`), at the fingerprints they found; those files are not read again (the
+        table is the step's own: the rest are added to it)."""
         digesting = self._digesting()
         here: list[tuple[str, Fingerprint]] = []  # read on the loop
         away: list[tuple[str, Fingerprint]] = []  # read in a worker thread
         for key, _, fp, _, reason in released:
             if fp is not None and key[0] in digesting and (known is None or (key[1], fp) not in known):
                 (here if on_loop and reason is _INOTIFY and fp[1] <= _SMALL else away).append((key[1], fp))
-        digests: dict[tuple[str, Fingerprint], str | None] = dict(known) if known else {}
+        digests: dict[tuple[str, Fingerprint], str | None] = known if known is not None else {}
         if here:
             digests.update(digest_all(self.digests, here))
         if away:

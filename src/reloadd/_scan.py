@@ -195,14 +195,11 @@ def probe_read(path: str, root: Path | str, limit: int) -> tuple[Probe, str | No
     except OSError:
         return pr, None
     try:
-        data = os.read(fd, size) if size else b""
-        if len(data) != size or not _still(fd, fp):
-            return pr, None
+        return pr, _sha256_of(fd, fp)
     except OSError:
         return pr, None
     finally:
         os.close(fd)
-    return pr, hashlib.sha256(data).hexdigest()
 
 
 def _probe_from(lst: os.stat_result, path: Path | str, root: Path | str) -> Probe:
@@ -420,6 +417,35 @@ def _probe_into(path: str, root: str, found: Found, errors: dict[str, str]) -> N
         errors[path] = pr.error
 
 
+def _sha256_of(fd: int, fp: Fingerprint) -> str | None:
+    """The SHA-256 of the open file ``fd`` if its bytes are the content ``fp`` was taken of; ``None`` if it moved on.
+
+    No more than the probed size is read (a device swapped in is not read for ever), then one ``fstat``: the
+    same inode, size and times as probed means these bytes are that content.
+
+    Raises:
+        OSError: the file is still the one probed but cannot be read (an I/O error).
+    """
+    left = fp[1]
+    try:
+        first = os.read(fd, left if left <= _CHUNK else _CHUNK) if left else b""
+        h = hashlib.sha256(first)  # a small file: one read, hashed as the object is made
+        left -= len(first)
+        while left and first:
+            chunk = os.read(fd, min(_CHUNK, left))
+            if not chunk:
+                break  # shorter than probed: the fstat says it moved on
+            h.update(chunk)
+            left -= len(chunk)
+    except OSError:
+        if not _still(fd, fp):
+            return None  # a directory or FIFO swapped in
+        raise
+    if not _still(fd, fp):
+        return None  # replaced, or written to before or while we read
+    return h.hexdigest()
+
+
 def _still(fd: int, fp: Fingerprint) -> bool:
     """Whether the open file ``fd`` is the regular file ``fp`` was taken of, as it was then."""
     st = os.fstat(fd)
@@ -459,28 +485,11 @@ class DigestCache:
         except (FileNotFoundError, NotADirectoryError):
             return None  # gone since the stat
         try:
-            # Read no more than the probed size (a device swapped in is not read for ever), then one
-            # fstat: the same inode, size and times as probed means these bytes are that content.
-            left = fp[1]
-            try:
-                first = os.read(fd, min(_CHUNK, left)) if left else b""
-                h = hashlib.sha256(first)  # a small file: one read, hashed as the object is made
-                left -= len(first)
-                while left > 0 and first:
-                    chunk = os.read(fd, min(_CHUNK, left))
-                    if not chunk:
-                        break  # shorter than probed: the fstat says it moved on
-                    h.update(chunk)
-                    left -= len(chunk)
-            except OSError:
-                if not _still(fd, fp):
-                    return None  # a directory or FIFO swapped in
-                raise
-            if not _still(fd, fp):
-                return None  # replaced, or written to before or while we read
+            value = _sha256_of(fd, fp)
         finally:
             os.close(fd)
-        value = h.hexdigest()
+        if value is None:
+            return None
         if len(self._cache) >= self._max:
             self._cache = {}
         self._cache[key] = (fp, value)

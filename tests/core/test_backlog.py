@@ -43,7 +43,7 @@ def _slow_settling(monkeypatch: pytest.MonkeyPatch, backlog: int, step: int, pau
     monkeypatch.setattr(_engine, "_FEED_MAX", step)
     probe_all = _engine.probe_all
 
-    def slow(jobs: Sequence[Any], reads: list[bool], limit: int) -> tuple[list[Probe], dict[Any, str]]:
+    def slow(jobs: Sequence[Any], reads: list[bool], limit: int) -> tuple[list[Probe], dict[Any, str | None]]:
         time.sleep(pause)
         return probe_all(jobs, reads, limit)  # type: ignore[arg-type]
 
