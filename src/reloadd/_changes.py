@@ -29,7 +29,19 @@ from ._filters import PathFilter, under
 from ._item import Item
 from ._packed import digest_of, pack_record, pack_stat, stat_mismatches, stat_of
 from ._prune import PruneGuard, RootId
-from ._scan import DigestCache, Found, Listing, Probe, Trust, WalkStopped, local_devices, probe, probe_read, scan
+from ._scan import (
+    DigestCache,
+    Found,
+    Listing,
+    Probe,
+    Trust,
+    WalkStopped,
+    local_devices,
+    present,
+    probe,
+    probe_read,
+    scan,
+)
 from ._types import Change, ChangeKind, Fingerprint, PathRecord
 
 __all__ = ["CHANGED", "UNREADABLE", "UNSEEN", "Diff", "Needed", "Recorded", "View", "change_kind", "diff",
@@ -241,8 +253,8 @@ def diff(
     (:class:`Trust`). Paths gone since
     they were acknowledged are found by counting: when every path recorded (under the
     scope) before the walk was met on it, none is gone; otherwise (rare: a delete
-    inotify did not report, or one still being handled) the tree's paths are listed
-    once more to name them.
+    inotify did not report, or one still being handled) the tree is listed once more to
+    name them (the types of its entries: no file stat-ed, :func:`~reloadd._scan.present`).
 
     With ``stop``, the walk ends at its next directory (or chunk of a big one) once the event is set:
     the result holds what it met (``Diff.stopped``) and where it stopped (``Diff.resume``). With
@@ -308,11 +320,10 @@ def diff(
         if expected == c.met and c.view.guard is not None:
             out.roots[c.view.name] = c.view.guard.root_ids()  # every record met: the roots are the good ones
         if expected != c.met:
-            if everything is None:
-                walked: Found = {}
+            if everything is None:  # which paths are there: listed, not stat-ed (see present)
+                everything = set()
                 for top, root, recursive in jobs:
-                    scan(top, root, recursive, walked, {})
-                everything = set(walked)
+                    everything |= present(top, root, recursive)
             for key in c.before:
                 if key not in everything:
                     c.observe[key] = None  # gone (or no longer a regular file)

@@ -20,7 +20,8 @@ from ._filters import under
 from ._packed import pack_stat, unpack_stat
 from ._types import Fingerprint
 
-__all__ = ["DigestCache", "Found", "Listing", "Probe", "Trust", "local_devices", "probe", "probe_read", "scan", "walk"]
+__all__ = ["DigestCache", "Found", "Listing", "Probe", "Trust", "local_devices", "present", "probe", "probe_read",
+           "scan", "walk"]
 
 _CHUNK = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: never hang on a FIFO swapped in after the stat
@@ -361,6 +362,52 @@ def scan(
             continue
         finally:
             os.close(fd)
+
+
+def present(top: str, root: str, recursive: bool) -> set[str]:
+    """The paths a :func:`scan` of ``top`` would find (regular files, and symlinks to regular files inside
+    ``root``), told by the type each directory entry gives: no regular file is stat-ed. For a walk's deletion
+    pass, which only asks which recorded paths are still there: a stat walk of 100,000 files costs ~300 ms of
+    CPU, a listing ~60. Symlinks are resolved as a scan resolves them; an entry of unknown type is stat-ed
+    (``DirEntry`` does it). Blocking.
+    """
+    out: set[str] = set()
+    found: Found = {}
+    try:
+        st = os.stat(top) if top == root else os.lstat(top)  # a root may be a symlink to its directory
+    except OSError:
+        return out
+    if not stat.S_ISDIR(st.st_mode):
+        _probe_into(top, root, found, {})
+        return set(found)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        try:  # below the top, never through a symlink swapped in since it was listed
+            fd = os.open(d, flags if d == top and top == root else flags | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            prefix = d if d.endswith("/") else d + "/"
+            with os.scandir(fd) as entries:
+                for e in entries:
+                    name = e.name
+                    if name.startswith(".."):
+                        continue  # kubelet's bookkeeping, as in a scan
+                    if e.is_file(follow_symlinks=False):
+                        out.add(prefix + name)
+                    elif e.is_dir(follow_symlinks=False):
+                        if recursive:
+                            stack.append(prefix + name)
+                    elif e.is_symlink():
+                        _probe_into(prefix + name, root, found, {})
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    out.update(found)
+    return out
 
 
 def _list_covered(chunk: list[os.DirEntry[str]], prefix: str, listed: set[str] | None, others: list[str]) -> list[str]:
