@@ -43,9 +43,10 @@ def _stdin_commands(loop: asyncio.AbstractEventLoop, handler: Callable[[str], No
 
 async def run_reloadd(root: Path, state: Path, quiet: float | None, max_delay: float | None) -> None:
     """Watch ``root`` with a Reloader whose consumer stamps and reports every batch."""
-    from reloadd import BaseConsumer, Batch, ConsumerContext, Reloader, Result, parse_config, tune_malloc
+    from reloadd import BaseConsumer, Batch, ConsumerContext, Reloader, Result, parse_config, tune_gc, tune_malloc
 
     tune_malloc()  # this process is reloadd's own, as `reloadd run`'s is
+    tune_gc()
 
     class Stamp(BaseConsumer):
         """Acknowledge everything; report the batch's arrival time and names."""

@@ -27,7 +27,8 @@ cd /work/main                       # the repository root
 filesystem, not tmpfs: the file system under test is part of the figure. The suite measures and
 reports; it asserts nothing about speed. The machine is shared and noisy, so reloadd and its peer
 (watchfiles `awatch`, in its own process) watch **the same files in the same run at the same
-time**; reloadd's process tunes glibc's malloc as `reloadd run` does (`reloadd.tune_malloc()`).
+time**; reloadd's process tunes glibc's malloc and the cyclic collector as `reloadd run` does (`reloadd.tune_malloc()`,
+`reloadd.tune_gc()`).
 Read the ratios and medians, not single values.
 
 Method in short:

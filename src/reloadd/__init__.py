@@ -62,7 +62,7 @@ from ._types import (
 from ._watch import Watch, WatchState
 
 if _typing.TYPE_CHECKING:
-    from ._memory import tune_malloc
+    from ._memory import tune_gc, tune_malloc
     from ._reloader import Reloader
     from ._services import Services
     from ._services import services as ops_services
@@ -73,6 +73,7 @@ _LAZY = {
     "Reloader": ("._reloader", "Reloader"),
     "Services": ("._services", "Services"),
     "ops_services": ("._services", "services"),
+    "tune_gc": ("._memory", "tune_gc"),
     "tune_malloc": ("._memory", "tune_malloc"),  # ctypes: only when called for
 }
 
@@ -150,6 +151,7 @@ __all__ = [
     "result_of",
     "run_command",
     "signal_pid_file",
+    "tune_gc",
     "tune_malloc",
     "unchanged",
 ]

@@ -178,9 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _reload(cfg)
     if args.command == "status":
         return query_status(cfg, as_json=args.json)
-    from ._memory import tune_malloc
+    from ._memory import tune_gc, tune_malloc
 
     tune_malloc()  # this process is the daemon: fewer malloc arenas, large blocks mapped and unmapped whole
+    tune_gc()  # and a burst's objects die young, not in the collector's oldest generation
     try:
         asyncio.run(_run(cfg))
     except ReloaddError as exc:

@@ -111,3 +111,61 @@ async def test_memory_is_given_back_once_the_start_up_pass_is_over(tmp_path, sta
     await r.wait_idle(5)
     await asyncio.sleep(0.3)
     assert trims == [1]
+
+
+_BURST = r"""
+import asyncio, gc, json, os, sys
+from pathlib import Path
+import reloadd
+from reloadd import BaseConsumer, ConsumerContext, Reloader, parse_config
+from reloadd._sources.base import EventKind, SourceEvent
+root, n = Path(sys.argv[2]), int(sys.argv[3])
+if sys.argv[1] == "tuned":
+    old = reloadd.tune_gc()
+    assert old == (700, 10, 10) and gc.get_threshold() == (50_000, 10, 10)
+paths = [str(root / f"f{i:06d}") for i in range(n)]
+full = [0]
+def count(phase, info):
+    if phase == "stop" and info["generation"] == 2:
+        full[0] += 1
+class Count(BaseConsumer):
+    got = 0
+    async def handle(self, batch):
+        Count.got += len(batch.changes)
+        return {}
+async def main():
+    ctx = ConsumerContext(name="c", paths=(root,), options={}, state_dir=None)
+    cfg = parse_config({"reloadd": {"state_dir": "", "rescan_interval": "0s"}})
+    async with Reloader(cfg, consumers=[Count(ctx)], sources=[]) as r:
+        await r.wait_idle(60)
+        for p in paths:  # created once the watch is up: new to the consumer
+            with open(p, "w") as f:
+                f.write(p)
+        gc.callbacks.append(count)
+        for i in range(0, n, 500):  # as the inotify source hands reads in
+            r.engine.emit_all([SourceEvent(EventKind.WRITTEN, p, "inotify", 2) for p in paths[i:i + 500]])
+            await asyncio.sleep(0)
+        while Count.got < n:
+            await asyncio.sleep(0.01)
+        gc.callbacks.remove(count)
+asyncio.run(main())
+print(json.dumps({"full": full[0], "got": Count.got}))
+"""
+
+
+def test_a_burst_runs_no_full_collection_once_the_collector_is_tuned(tmp_path) -> None:
+    """A burst's in-flight objects (pending entries, queued items, changes) die young: untuned, each outlived two
+    young collections and the oldest generation's full collections went over all of them, again and again."""
+
+    def burst(mode: str) -> dict[str, int]:
+        root = tmp_path / mode
+        root.mkdir()
+        out = subprocess.run([sys.executable, "-c", _BURST, mode, str(root), "30000"], check=True,
+                             capture_output=True, text=True, timeout=120)
+        result: dict[str, int] = json.loads(out.stdout)
+        return result
+
+    tuned, plain = burst("tuned"), burst("plain")
+    assert tuned["got"] == plain["got"] == 30000
+    assert plain["full"] >= 2
+    assert tuned["full"] == 0
