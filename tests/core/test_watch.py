@@ -489,3 +489,36 @@ async def test_file_events_of_one_read_are_folded_per_path(tmp_path):
         (EventKind.GONE, f"{tmp_path}/gone"),
     ]
     assert folded == [3, 0, 3]  # still counted as coalesced (reloadd_changes_coalesced_total)
+
+
+async def test_consecutive_events_of_one_name_are_one_path_only_in_one_directory(tmp_path):
+    # Events of one file in a row (a write: CREATE, MODIFY, CLOSE_WRITE) are taken as the same path without the name
+    # decoded again; the same name in another watched directory, or after another path, is its own path.
+    import struct
+
+    from asyncinotify import Mask
+
+    from reloadd._sources.base import EventKind, SourceContext, WatchRoot
+    from reloadd._sources.inotify import InotifySource
+
+    got: list[tuple[EventKind, object, int]] = []
+    ctx = SourceContext(roots=(WatchRoot(tmp_path),), emit=lambda ev: got.append((ev.kind, ev.path, ev.folded)))
+    src = InotifySource(ctx)
+    (tmp_path / "d1").mkdir()
+    (tmp_path / "d2").mkdir()
+    src._by_wd[1] = (object(), f"{tmp_path}/d1/")  # type: ignore[assignment]
+    src._by_wd[2] = (object(), f"{tmp_path}/d2/")  # type: ignore[assignment]
+
+    def ev(wd: int, mask: Mask, name: str) -> bytes:
+        raw = name.encode() + b"\0" * (16 - len(name))
+        return struct.pack("iIII", wd, int(mask), 0, len(raw)) + raw
+
+    await src._handle_buffer(b"".join([
+        ev(1, Mask.CREATE, "a"), ev(1, Mask.MODIFY, "a"), ev(2, Mask.MODIFY, "a"), ev(2, Mask.CLOSE_WRITE, "a"),
+        ev(1, Mask.CLOSE_WRITE, "a"), ev(1, Mask.MODIFY, "b"), ev(1, Mask.DELETE, "b"), ev(1, Mask.MODIFY, "b"),
+    ]))
+    assert got == [
+        (EventKind.WRITTEN, f"{tmp_path}/d1/a", 2),
+        (EventKind.WRITTEN, f"{tmp_path}/d2/a", 1),
+        (EventKind.WRITING, f"{tmp_path}/d1/b", 2),  # modified after its removal: written again
+    ]

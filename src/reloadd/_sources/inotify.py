@@ -80,6 +80,7 @@ _GONE = int(Mask.DELETE | Mask.MOVED_FROM)
 _MODIFY = int(Mask.MODIFY)
 _CREATE = int(Mask.CREATE)
 _SPECIAL = _OVERFLOW | _IGNORED | _SELF | _ISDIR
+_NOT_PLAIN = _SPECIAL | _STRUCTURAL  # an event that may not reuse the previous one's path and checks
 
 
 def _limit_error(exc: OSError, path: Path) -> WatchError:
@@ -376,11 +377,19 @@ class InotifySource:
         unpack, size, end, off = _HEADER.unpack_from, _HEADER.size, len(data), 0
         run: dict[str, object] = {}
         folded: dict[str, int] = {}
+        last_wd, last_raw, path = -1, b"", ""  # the previous event, when it was a plain file event (its path)
         while off + size <= end:
             wd, mask, _cookie, length = unpack(data, off)
             off += size
             raw = data[off:off + length]
             off += length
+            if wd == last_wd and raw == last_raw and not mask & _NOT_PLAIN:
+                # The same file as the event before (a write is CREATE, MODIFY, CLOSE_WRITE in a row): its path,
+                # checks and place in the run are those of that event; no second decoding of the name.
+                folded[path] = folded.get(path, 0) + 1
+                run[path] = _kind_of(mask, run[path])
+                continue
+            last_wd = -1
             name = raw.rstrip(b"\0").decode(*_FS_CODEC) if length else ""  # os.fsdecode, minus its call cost
             held = self._by_wd.get(wd)
             if mask & _IGNORED and held is not None:
@@ -405,6 +414,7 @@ class InotifySource:
             if before is not None:
                 folded[path] = folded.get(path, 0) + 1
             run[path] = _kind_of(mask, before)
+            last_wd, last_raw = wd, raw
         self._emit_run(run, folded)
 
     def _emit_run(self, run: dict[str, object], folded: dict[str, int] | None = None) -> None:
