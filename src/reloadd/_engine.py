@@ -43,7 +43,7 @@ __all__ = ["Engine", "EngineStats", "Force", "Slot"]
 
 log = logging.getLogger("reloadd.engine")
 
-_ON_LOOP = 256  # a settling step of up to this many paths the watch reported is probed and read on the loop
+_ON_LOOP = 1024  # a settling step of up to this many paths the watch reported is probed and read on the loop
 _OFFLOAD = 64  # a step of more paths than this, any a walk found, is probed in a worker thread
 _SMALL = 16 * 1024  # bytes: a file the watch reported up to this size may be read for its digest on the loop
 _STEP = 1024  # keys of a walk's findings taken in, and settled, per turn at least (see Engine._feed)
@@ -907,11 +907,13 @@ class Engine:
         their digests): when the watch reported every path of it and they are at most :data:`_ON_LOOP`, or
         when they are at most :data:`_OFFLOAD`; else the step goes to a worker thread.
 
-        A trickle (a writer at a few thousand files a second) settles in steps of a few dozen paths every
-        20 ms; a worker thread for each step's probes and reads cost two hand-offs to the thread and back,
-        and the GIL handed over and back at each system call while the loop works on: a modify burst of
-        100,000 files written at 10,000 a second took 5.0-5.7 s of CPU that way, 4.4-4.7 s on the loop, and
-        a changed file waits for no thread. A bigger step (a burst) goes to a thread, whose system calls
+        A trickle (a writer at up to ~20,000 files a second) settles in steps of a few dozen to a few hundred
+        paths every 20 ms; a worker thread for each step's probes and reads cost two hand-offs to the thread
+        and back, and the GIL handed over and back at each system call while the loop works on: a modify burst
+        of 100,000 files written at 10,000 a second took 5.0-5.7 s of CPU that way, 4.4-4.7 s on the loop; one
+        created at ~12,000 a second 3.87-4.24 s with steps of up to 256 on the loop, 3.74-4.00 with up to
+        1,024 (~10 ms of the loop's time a step); and a changed file waits for no thread. A bigger step (a
+        burst) goes to a thread, whose system calls
         overlap the loop's work on the rest of the burst (on the loop, the last of a 100,000-file burst
         came up to ~0.8 s later). A walk's findings may be on a slow mount (a rescan is what watches NFS),
         and a file a walk found may not have been read for months (a disk read): a thread past 64.
