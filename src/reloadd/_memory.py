@@ -89,7 +89,8 @@ def tune_gc(young: int = _GC_YOUNG) -> tuple[int, int, int]:
     A burst keeps tens of thousands of objects alive for a few tens of milliseconds each (a path's pending
     entry, its queued item, its change). At 700, each of them outlived two young collections and was moved to
     the oldest generation, whose full collections then went over every object the process held, again and
-    again: ~20 full collections in a burst of 100,000 paths, and a tenth of its CPU. At 50,000 they die young.
+    again: in a burst of 100,000 created files, 10 full collections and ~110 of the middle generation, 0.23 s of
+    its 3.2 s of CPU (engine alone, a created path 30.5 µs, 26.1 once tuned). At 50,000 they die young.
     Objects are still freed when their last reference goes (reference counting); only cycles wait longer. The
     older generations' thresholds are kept.
 

@@ -367,9 +367,9 @@ def scan(
 def present(top: str, root: str, recursive: bool) -> set[str]:
     """The paths a :func:`scan` of ``top`` would find (regular files, and symlinks to regular files inside
     ``root``), told by the type each directory entry gives: no regular file is stat-ed. For a walk's deletion
-    pass, which only asks which recorded paths are still there: a stat walk of 100,000 files costs ~300 ms of
-    CPU, a listing ~60. Symlinks are resolved as a scan resolves them; an entry of unknown type is stat-ed
-    (``DirEntry`` does it). Blocking.
+    pass, which only asks which recorded paths are still there (a rescan of 100,000 files that found 1,000 gone:
+    750-778 ms of CPU with a second stat walk, 462-487 with this). Symlinks are resolved as a scan resolves
+    them; an entry of unknown type is stat-ed (``DirEntry`` does it). Blocking.
     """
     out: set[str] = set()
     found: Found = {}
