@@ -267,6 +267,20 @@ class WalkStopped(Exception):
         self.done = done or []
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _stat_top(top: str, root: str) -> os.stat_result:
+    """The stat of a walk's ``top``: a root may be a symlink to its directory, a directory below it may not."""
+    return os.stat(top) if top == root else os.lstat(top)
+
+
+def _open_dir(d: str, top: str, root: str) -> int:
+    """Open directory ``d`` of a walk of ``top``: below the top, never through a symlink swapped in since it was
+    listed (only a root is followed)."""
+    return os.open(d, _DIR_FLAGS if d == top and top == root else _DIR_FLAGS | os.O_NOFOLLOW)
+
+
 def scan(
     top: str,
     root: str,
@@ -305,13 +319,12 @@ def scan(
     beginning at ``top``: it goes on where the stopped one was, then walks again what that one had walked.
     """
     try:
-        st = os.stat(top) if top == root else os.lstat(top)  # a root may be a symlink to its directory
+        st = _stat_top(top, root)
     except OSError:
         return
     if not stat.S_ISDIR(st.st_mode):
         _probe_into(top, root, found, errors)
         return
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     stack = [top] if start is None else list(start)
     done: dict[str, None] = {}  # walked, in order; each directory once (a resumed walk meets some again)
     while stack:
@@ -321,8 +334,8 @@ def scan(
         if d in done:
             continue
         done[d] = None
-        try:  # below the top, never through a symlink swapped in since the lstat
-            fd = os.open(d, flags if d == top and top == root else flags | os.O_NOFOLLOW)
+        try:
+            fd = _open_dir(d, top, root)
         except OSError:
             continue
         others: list[str] | None = None  # a covered directory's names that are not regular files
@@ -374,18 +387,17 @@ def present(top: str, root: str, recursive: bool) -> set[str]:
     out: set[str] = set()
     found: Found = {}
     try:
-        st = os.stat(top) if top == root else os.lstat(top)  # a root may be a symlink to its directory
+        st = _stat_top(top, root)
     except OSError:
         return out
     if not stat.S_ISDIR(st.st_mode):
         _probe_into(top, root, found, {})
         return set(found)
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     stack = [top]
     while stack:
         d = stack.pop()
-        try:  # below the top, never through a symlink swapped in since it was listed
-            fd = os.open(d, flags if d == top and top == root else flags | os.O_NOFOLLOW)
+        try:
+            fd = _open_dir(d, top, root)
         except OSError:
             continue
         try:
