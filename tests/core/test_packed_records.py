@@ -14,7 +14,9 @@ from reloadd import Fingerprint, PathRecord
 from reloadd._item import path_of
 from reloadd._packed import (
     digest_of,
+    fields_json,
     journal_json,
+    pack_json,
     pack_record,
     pack_stat,
     stat_mismatches,
@@ -75,6 +77,32 @@ def test_a_record_reads_back_as_it_was_put(rec: PathRecord) -> None:
     fields = {"fp": list(rec.fingerprint) if rec.fingerprint is not None else None, "digest": rec.digest,
               "data": rec.data, "error": rec.error}
     assert json.loads(journal_json(raw)) == {k: v for k, v in fields.items() if v is not None}
+
+
+_hexish = (st.text(alphabet="0123456789abcdefABCDEF", min_size=64, max_size=64).filter(lambda t: t != t.lower())
+           | st.text(alphabet="0123456789abcdef ", min_size=64, max_size=64).filter(lambda t: " " in t)
+           | st.text(alphabet="0123456789abcdef", min_size=62, max_size=66))
+
+
+@given(st.builds(Fingerprint, _ints, _ints, _times, _times),
+       st.text(alphabet="0123456789abcdef", min_size=64, max_size=64) | _hexish | st.text())
+def test_an_acknowledged_path_is_recorded_and_journaled_as_the_general_encoding_gives(fp, digest) -> None:
+    """The common record (a fingerprint and a digest, nothing else: a burst's every path) takes a shorter way
+    into the store; the record and its journal line are byte for byte what the general encoding gives, for
+    a digest that is not lower-case hex (upper case, spaces, another length) too, and read back the same."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = RecordStore(Path(tmp) / "state")
+        store.load()
+        key = '/srv/m\u00e9 "x".yaml'
+        store.set_json(key, fp, digest, None)
+        assert store.packed[key] == pack_json(fp, digest, None, None)
+        assert store._buffer == ['{"p":' + json.dumps(key) + ',"r":' + fields_json(fp, digest, None, None) + "}"]
+        store.flush()
+        again = RecordStore(Path(tmp) / "state")
+        again.load()
+        assert again.by_str[key] == PathRecord(fp, digest, None, None)
 
 
 def test_records_survive_a_restart_and_are_not_tracked_by_the_collector(tmp_path: Path) -> None:
