@@ -280,3 +280,63 @@ def test_a_held_removal_whose_record_is_gone_is_not_loaded_again(tmp_path):
     again.load()
     assert set(again.held) == {str(root / "a")}
     assert again.dirty  # written without it at the next flush
+
+
+def test_a_guard_asked_again_answers_as_a_listing_would_without_listing(tmp_path, monkeypatch):
+    """A burst of deletions asks the guard once per settling step: while the file it found last time is still
+    there, it is not listed again; whatever happened to that file, the answer is a full listing's."""
+    from reloadd import _prune
+    from reloadd._filters import PathFilter
+    from reloadd._prune import PruneGuard
+
+    listings: list[str] = []
+    real_scandir = os.scandir
+
+    def counting(path):
+        if not isinstance(path, int):
+            listings.append(os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(_prune.os, "scandir", counting)
+
+    def scene(name: str) -> tuple[Path, PruneGuard, PruneGuard]:
+        root = tmp_path / name / "root"
+        (root / "a").mkdir(parents=True)
+        (root / "b").mkdir()
+        (root / "b" / "new.conf").write_text("not recorded yet")
+        records = {str(root / "a" / f"f{i}.conf"): b"" for i in range(3)}
+
+        def guard() -> PruneGuard:
+            return PruneGuard(PathFilter((root,), recursive=True), records, owned=lambda k: k.endswith(".conf"),
+                              directory=None)
+
+        asked = guard()
+        assert asked.verdict(str(root)) is None  # the one file there: what it found
+        for key in records:
+            Path(key).write_text("x")
+        return root, asked, guard()  # the second never asked before: it lists
+
+    root, asked, _ = scene("kept")
+    listings.clear()
+    assert asked.verdict(str(root)) is None
+    assert listings == [str(root)]  # the root's readability only: nothing listed below it
+
+    lost = "every file under root {root} went at once"
+    # The file it found made a directory, its directory swapped for a symlink (a listing does not follow one)
+    # to a directory holding the same name, or gone with every other file: lost, as a listing finds.
+    for how in ("a directory", "behind a symlink", "gone"):
+        root, asked, fresh = scene(how.replace(" ", "-"))
+        for key in (root / "a").iterdir():
+            key.unlink()
+        if how == "a directory":
+            (root / "b" / "new.conf").unlink()
+            (root / "b" / "new.conf").mkdir()
+        elif how == "behind a symlink":
+            shutil.rmtree(root / "b")
+            (root.parent / "elsewhere").mkdir()
+            (root.parent / "elsewhere" / "new.conf").write_text("x")
+            (root / "b").symlink_to(root.parent / "elsewhere")
+        else:
+            (root / "b" / "new.conf").unlink()
+        assert fresh.verdict(str(root)) == lost.format(root=root), how
+        assert asked.verdict(str(root)) == lost.format(root=root), how
