@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -480,10 +480,11 @@ class Engine:
         everything: Reason | None = None  # a forced pass of every consumer's every path, asked for by ...
         whole: dict[str, Reason] = {}  # ... or of one consumer's
         seen: Counter[tuple[str, EventKind]] = Counter()
+        watchers = self._watchers()
         for ev in events:
             if type(ev) is SourceEvent and ev.kind in _FILE_KINDS and ev.path is not None:
                 seen[(ev.source, ev.kind)] += 1  # the hot path: a file event (100k in a burst)
-                self._observe_file(ev, now)
+                self._observe_file(ev, now, watchers)
                 continue
             if isinstance(ev, SourceEvent) and ev.kind is EventKind.RESYNC:
                 ev = Force(reason=Reason.SIGNAL)  # SIGHUP: an operator asked
@@ -511,7 +512,7 @@ class Engine:
             elif ev.kind is EventKind.DRIFTED and ev.path is not None:
                 self._drifted(ev, now)
             elif ev.path is not None:
-                self._observe_file(ev, now)
+                self._observe_file(ev, now, watchers)
         for (source, kind), n in seen.items():
             self.stats.events[(source, kind.value)] += n
         if lost_at is not None:  # the rescan of every root starts below, at once
@@ -533,15 +534,24 @@ class Engine:
         if rescan is Reason.STARTUP:
             self.startup_done.set()
 
-    def _observe_file(self, ev: SourceEvent, now: float) -> None:
-        assert ev.path is not None
-        writing = _WRITING.get(ev.kind)
-        key = os.fspath(ev.path)
-        path = ev.path if isinstance(ev.path, Path) else None
-        arrived = ev.kind is _ARRIVED
-        for slot in self.slots.values():
-            if key in slot.records.packed or slot.owns(key, path):  # a recorded path is the consumer's
-                self.agg.observe((slot.name, key), now, reason=_INOTIFY, writing=writing, arrived=arrived)
+    def _watchers(self) -> list[tuple[str, Mapping[str, bytes], Callable[[str, Path | None], bool]]]:
+        """Each consumer as a file event asks it (:meth:`_observe_file`): its name, its records and its filter,
+        looked up once per turn of the pump, not through two properties per event and consumer."""
+        return [(slot.name, slot.records.packed, slot.owns) for slot in self.slots.values()]
+
+    def _observe_file(self, ev: SourceEvent, now: float,
+                      watchers: list[tuple[str, Mapping[str, bytes], Callable[[str, Path | None], bool]]]) -> None:
+        path = ev.path
+        assert path is not None
+        kind = ev.kind
+        if type(path) is str:
+            key, obj = path, None
+        else:
+            key, obj = os.fspath(path), path if isinstance(path, Path) else None
+        for name, packed, owns in watchers:
+            if key in packed or owns(key, obj):  # a recorded path is the consumer's
+                self.agg.observe((name, key), now, reason=_INOTIFY, writing=_WRITING.get(kind),
+                                 arrived=kind is _ARRIVED)
                 self.agg.coalesced += ev.folded  # folded by the source: coalesced all the same
 
     def _force(self, f: Force, now: float) -> None:
