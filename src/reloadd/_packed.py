@@ -26,13 +26,13 @@ from typing import Any
 
 from ._types import Fingerprint, JSONValue, PathRecord
 
-__all__ = ["PLAIN_LINE", "RecordView", "data_json_of", "data_of", "digest_of", "dumps", "error_of", "fields_json",
-           "from_json", "has_error", "journal_json", "pack", "pack_json", "pack_plain", "pack_record", "pack_stat",
-           "stat_mismatches", "stat_of", "unpack", "unpack_stat"]
+__all__ = ["RecordView", "data_json_of", "data_of", "digest_of", "dumps", "error_of", "fields_json", "from_json",
+           "has_error", "journal_json", "pack", "pack_json", "pack_record", "pack_stat", "stat_mismatches",
+           "stat_of", "unpack", "unpack_stat"]
 
 _FP = struct.Struct("<QQqq")
 _LEN = struct.Struct("<I")
-_PLAIN = struct.Struct("<BQQqq")  # the flags byte and the fingerprint of a plain record (see pack_plain)
+_PLAIN = struct.Struct("<BQQqq")  # the flags byte and the fingerprint of the common record (see pack_json)
 _HAS_FP, _HAS_SHA, _HAS_TEXT, _HAS_DATA, _HAS_ERROR = 1, 2, 4, 8, 16
 dumps = json.JSONEncoder(separators=(",", ":")).encode
 """Compact JSON text, as the state files hold it."""
@@ -63,7 +63,16 @@ def pack(fingerprint: tuple[int, int, int, int] | None, digest: str | None = Non
 
 def pack_json(fingerprint: tuple[int, int, int, int] | None, digest: str | None, data: str | None,
               error: str | None) -> bytes:
-    """:func:`pack` with the data already encoded as JSON text (:func:`dumps`)."""
+    """:func:`pack` with the data already encoded as JSON text (:func:`dumps`).
+
+    The common record (a fingerprint and a SHA-256 digest, nothing else: every path of a burst) is one ``struct``
+    call; with :func:`fields_json`'s own short way, an acknowledged path is recorded and journaled in 2.18 µs,
+    2.58 the general way.
+    """
+    if data is None and error is None and fingerprint is not None and digest is not None and len(digest) == 64:
+        raw = _sha_bytes(digest)
+        if raw is not None:
+            return _PLAIN.pack(_HAS_FP | _HAS_SHA, *fingerprint) + raw
     flags = 0
     head = b""
     tail: list[bytes] = []
@@ -88,24 +97,6 @@ def pack_json(fingerprint: tuple[int, int, int, int] | None, digest: str | None,
         raw = error.encode("utf-8", "surrogateescape")
         tail += (_LEN.pack(len(raw)), raw)
     return bytes((flags,)) + head + b"".join(tail)
-
-
-def pack_plain(fingerprint: tuple[int, int, int, int], digest: str) -> bytes | None:
-    """:func:`pack_json` of the common record, a fingerprint and a SHA-256 digest (no data, no error), in one
-    ``struct`` call; ``None`` when ``digest`` is not 64 lower-case hex characters (then :func:`pack_json`). With
-    :data:`PLAIN_LINE`, an acknowledged path of a burst is recorded and journaled in 2.0 µs, where it took 2.5."""
-    try:
-        raw = bytes.fromhex(digest)
-    except ValueError:
-        return None
-    if len(raw) != 32 or raw.hex() != digest:
-        return None
-    return _PLAIN.pack(_HAS_FP | _HAS_SHA, *fingerprint) + raw
-
-
-PLAIN_LINE = '{"p":%s,"r":{"fp":[%d,%d,%d,%d],"digest":"%s"}}'
-"""A journal line of a :func:`pack_plain` record, ``%`` (path as JSON, the fingerprint's four ints, the digest): the
-text ``'{"p":' + path + ',"r":' + fields_json(fp, digest, None, None) + "}"`` gives, in one formatting."""
 
 
 pack_stat: Callable[..., bytes] = _FP.pack
@@ -227,6 +218,8 @@ def journal_json(raw: bytes) -> str:
 
 def fields_json(fp: tuple[int, int, int, int] | None, digest: str | None, data: str | None, error: str | None) -> str:
     """:func:`journal_json` of a record given by its fields (``data`` as JSON text)."""
+    if data is None and error is None and fp is not None and digest is not None:  # the common record: one formatting
+        return f'{{"fp":[{fp[0]},{fp[1]},{fp[2]},{fp[3]}],"digest":{_str(digest)}}}'
     parts: list[str] = []
     if fp is not None:
         parts.append(f'"fp":[{fp[0]},{fp[1]},{fp[2]},{fp[3]}]')  # ints: str() is their JSON

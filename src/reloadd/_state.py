@@ -30,7 +30,6 @@ from typing import Any
 
 from ._errors import StateError
 from ._packed import (
-    PLAIN_LINE,
     RecordView,
     dumps,
     error_of,
@@ -39,7 +38,6 @@ from ._packed import (
     has_error,
     journal_json,
     pack_json,
-    pack_plain,
     unpack,
 )
 from ._types import Fingerprint, JSONValue, PathRecord
@@ -299,19 +297,12 @@ class RecordStore(Mapping[Path, PathRecord]):
         """:meth:`set` with the data already encoded as JSON text (``data_json_of`` a record: carried over as is)."""
         records = self._records
         n = len(records)
-        plain = (pack_plain(fingerprint, digest) if text is None and error is None and fingerprint is not None
-                 and digest is not None else None)  # the common record (a burst's every path)
-        records[key] = plain if plain is not None else pack_json(fingerprint, digest, text, error)
+        records[key] = pack_json(fingerprint, digest, text, error)
         if len(records) != n:
             self.keys_version += 1
             if n >= self._peak:
                 self._peak = n + 1
-        if self.directory is None:
-            return
-        if plain is not None:
-            assert fingerprint is not None
-            self._buffer.append(PLAIN_LINE % (_str(key), *fingerprint, digest))
-        else:
+        if self.directory is not None:
             self._buffer.append('{"p":' + _str(key) + ',"r":' + fields_json(fingerprint, digest, text, error) + "}")
 
     def drop(self, path: Path | str) -> None:

@@ -7,16 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from reloadd import Fingerprint, PathRecord
 from reloadd._item import path_of
 from reloadd._packed import (
     digest_of,
-    fields_json,
     journal_json,
-    pack_json,
     pack_record,
     pack_stat,
     stat_mismatches,
@@ -86,19 +84,27 @@ _hexish = (st.text(alphabet="0123456789abcdefABCDEF", min_size=64, max_size=64).
 
 @given(st.builds(Fingerprint, _ints, _ints, _times, _times),
        st.text(alphabet="0123456789abcdef", min_size=64, max_size=64) | _hexish | st.text())
-def test_an_acknowledged_path_is_recorded_and_journaled_as_the_general_encoding_gives(fp, digest) -> None:
+@example(Fingerprint(1, 2, -3, 4), 'md5:"caf\u00e9"\\')  # a digest text JSON must escape
+def test_an_acknowledged_path_is_recorded_and_journaled_in_the_state_format(fp, digest) -> None:
     """The common record (a fingerprint and a digest, nothing else: a burst's every path) takes a shorter way
-    into the store; the record and its journal line are byte for byte what the general encoding gives, for
-    a digest that is not lower-case hex (upper case, spaces, another length) too, and read back the same."""
+    through the encoders; the record is byte for byte the layout the module documents and the journal line the
+    exact text ``json.dumps`` gives, for a digest that is not lower-case hex (upper case, spaces, another
+    length) too, and both read back the same."""
+    import struct
     import tempfile
 
+    sha = len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+    text = digest.encode("utf-8", "surrogateescape")
+    expected = (bytes((1 | (2 if sha else 4),)) + struct.pack("<QQqq", *fp)
+                + (bytes.fromhex(digest) if sha else struct.pack("<I", len(text)) + text))
     with tempfile.TemporaryDirectory() as tmp:
         store = RecordStore(Path(tmp) / "state")
         store.load()
         key = '/srv/m\u00e9 "x".yaml'
         store.set_json(key, fp, digest, None)
-        assert store.packed[key] == pack_json(fp, digest, None, None)
-        assert store._buffer == ['{"p":' + json.dumps(key) + ',"r":' + fields_json(fp, digest, None, None) + "}"]
+        assert store.packed[key] == expected
+        assert store._buffer == [json.dumps({"p": key, "r": {"fp": list(fp), "digest": digest}},
+                                            separators=(",", ":"))]
         store.flush()
         again = RecordStore(Path(tmp) / "state")
         again.load()
