@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from reloadd_kube_manifests import LABEL_ID, LABEL_PART_OF, applyset_id
+from reloadd_kube_manifests._outcome import applyset_of
 
 from reloadd import Ack, Retry
 
@@ -106,7 +107,7 @@ async def test_rename_moves_objects_without_deleting_them(make_harness: Any, kub
     acked(results, old)
     obj = kube.get(cm_path(namespace, "moved"))
     assert obj["metadata"]["uid"] == uid, "the object was deleted and re-created"
-    assert obj["metadata"]["labels"][LABEL_PART_OF] == new_data["applyset"] != old_data["applyset"]
+    assert obj["metadata"]["labels"][LABEL_PART_OF] == applyset_of(new_data) != applyset_of(old_data)
     assert parent(kube, old_data) is None
     assert parent(kube, new_data) is not None
 
@@ -122,7 +123,7 @@ async def test_an_object_claimed_by_another_set_is_never_deleted(make_harness: A
     a_data = acked(await h.sync(a), a)
     assert a_data["pruned"] == [f"/ConfigMap/{namespace}/only-a"]
     shared = kube.get(cm_path(namespace, "shared"))
-    assert shared["metadata"]["labels"][LABEL_PART_OF] == b_data["applyset"]
+    assert shared["metadata"]["labels"][LABEL_PART_OF] == applyset_of(b_data)
     # An object with the same name but no reloadd label at all is not touched either.
     kube.apply(cm("foreign", namespace, x="y"), cm_path(namespace, "foreign"))
     c = h.write("c.yaml", [cm("c1", namespace)])
@@ -255,7 +256,7 @@ async def test_forced_pass_prunes_by_label_what_the_inventory_missed(make_harnes
     data = acked(await h.sync(f), f)
     # Another ApplySet-aware tool put an object into this set; only the labels know about it.
     stray = cm("stray", namespace)
-    stray["metadata"]["labels"] = {LABEL_PART_OF: data["applyset"]}
+    stray["metadata"]["labels"] = {LABEL_PART_OF: applyset_of(data)}
     kube.apply(stray, cm_path(namespace, "stray"), manager="other-tool")
     h.write("inv.yaml", [cm("listed", namespace, v="2")])
     acked(await h.sync(f), f)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from reloadd_kube_manifests import LABEL_PART_OF
+from reloadd_kube_manifests._outcome import applyset_of
 
 import reloadd
 from reloadd import Ack
@@ -102,4 +103,4 @@ async def test_a_rename_split_over_two_concurrent_batches_never_loses_the_object
         assert isinstance(new_data, Ack) and isinstance(removed[old], Ack), (applied, removed)
         obj = kube.get(cm_path(namespace, f"moving-{i}"))
         assert obj is not None, f"round {i}: the renamed file's object was deleted"
-        assert obj["metadata"]["labels"][LABEL_PART_OF] == new_data.data["applyset"]
+        assert obj["metadata"]["labels"][LABEL_PART_OF] == applyset_of(new_data.data)

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from reloadd_kube_manifests import LABEL_PART_OF
+from reloadd_kube_manifests._outcome import applyset_of
 
 from reloadd import Ack, Reject, Result, Retry
 
@@ -156,7 +157,7 @@ async def test_corpus_lands_as_kubectl_lands_it(make_harness: Any, kube: KubeClu
             parent = kube.get(f"/api/v1/namespaces/{ns}/configmaps/{name}")
             inventory[rel] = set(parent["data"]["inventory"].splitlines())
             assert data["applied"] == len(inventory[rel] - refused(rel, namespace)), f"{rel}: {data}"
-            set_of.update(dict.fromkeys(inventory[rel], str(data["applyset"])))
+            set_of.update(dict.fromkeys(inventory[rel], applyset_of(data)))
         urls = {ref: locate.url(ref) for ref in sorted(set_of)}
         ours = snapshot(kube, urls)
         not_applied = set().union(*(refused(rel, namespace) for rel in files))

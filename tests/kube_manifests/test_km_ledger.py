@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from reloadd_kube_manifests._applyset import ObjRef
+from reloadd_kube_manifests._applyset import ObjRef, applyset_id
 from reloadd_kube_manifests._ledger import Ledger, field_paths, owned_hash
+from reloadd_kube_manifests._outcome import FileOutcome, applyset_of
 
 from reloadd import Fingerprint, PathRecord
 
@@ -80,6 +81,28 @@ def test_records_restore_the_baseline_and_old_records_are_named() -> None:
     taken = obj(11, [entry("someone", OURS, "Update")])
     got = ledger.judge("MODIFIED", REF, taken)
     assert got is not None and "taken over" in got[1].why and got[1].by == "someone (Update)"
+
+
+def test_a_record_names_its_applyset_through_its_parent_as_older_records_named_it_outright() -> None:
+    """The record keeps the parent, not the ApplySet id it is derived from (~70 bytes a file); records written
+    with the id outright still load, each restoring its members under the set its objects are labelled with."""
+    name = "reloadd-app-yaml-0123456789"
+    out = FileOutcome(f"kube-system/{name}", applyset_id(name, "kube-system"))
+    data = out.to_data()
+    assert "applyset" not in data and applyset_of(data) == out.applyset
+    live = obj(10, [entry("reloadd", OURS)])
+    other = ObjRef("", "ConfigMap", "ns", "other")
+    owned = owned_hash(live, "reloadd")
+    ledger = Ledger("reloadd")
+    fp = Fingerprint(1, 1, 1, 1)
+    assert ledger.load([
+        (FILE, PathRecord(fp, None, {**data, "owned": {str(REF): owned}})),
+        (Path("/m/old.yaml"), PathRecord(fp, None, {"parent": "kube-system/x", "applyset": "set-2",
+                                                    "owned": {str(other): owned}})),
+        (Path("/m/none.yaml"), PathRecord(fp, None, {"applied": 0, "owned": {}})),
+    ]) == []
+    assert ledger.members[REF].applyset == out.applyset and ledger.members[other].applyset == "set-2"
+    assert applyset_of({"parent": "no-namespace"}) is None and applyset_of({"parent": "ns/"}) is None
 
 
 def test_a_huge_field_set_keeps_only_its_hash() -> None:

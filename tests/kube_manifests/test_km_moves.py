@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from reloadd_kube_manifests import LABEL_PART_OF, applyset_id, parent_name
+from reloadd_kube_manifests._outcome import applyset_of
 
 import reloadd
 from reloadd import Ack, Retry
@@ -292,7 +293,7 @@ async def test_a_waiting_removal_answers_retry_until_its_objects_have_another_fi
     assert old not in h.records and kube.get(old_parent) is None
     assert uids(kube, objs) == before
     assert isinstance(applied.data, dict)
-    assert labels(kube, objs) == dict.fromkeys(objs, applied.data["applyset"])
+    assert labels(kube, objs) == dict.fromkeys(objs, applyset_of(applied.data))
 
 
 async def test_a_move_whose_halves_run_concurrently_keeps_the_objects(
@@ -314,7 +315,7 @@ async def test_a_move_whose_halves_run_concurrently_keeps_the_objects(
         ack = applied[new]
         assert isinstance(ack, Ack) and isinstance(removed[old], Ack), (applied, removed)
         assert uids(kube, obj) == before, f"round {i}: the object was re-created"
-        assert isinstance(ack.data, dict) and labels(kube, obj) == {"obj": ack.data["applyset"]}
+        assert isinstance(ack.data, dict) and labels(kube, obj) == {"obj": applyset_of(ack.data)}
         assert kube.get(f"{PARENTS}/{parent_name(h.consumer.key(old))}") is None
 
 

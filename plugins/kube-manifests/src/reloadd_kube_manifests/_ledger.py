@@ -28,6 +28,7 @@ from reloadd import Drift, PathRecord
 
 from ._applyset import ObjRef
 from ._discovery import split_api_version
+from ._outcome import applyset_of
 
 __all__ = ["Ledger", "Member", "field_paths", "owned_entry", "owned_hash"]
 
@@ -148,7 +149,8 @@ class Ledger:
         bare: list[Path] = []
         for path, rec in records:
             data = rec.data if isinstance(rec.data, dict) else None
-            if data is None or data.get("skipped") or not data.get("applyset"):
+            applyset = applyset_of(data) if data is not None and not data.get("skipped") else None
+            if data is None or applyset is None:
                 continue
             owned = data.get("owned")
             if not isinstance(owned, dict):
@@ -160,7 +162,7 @@ class Ledger:
                     refs[ObjRef.parse(text)] = digest if isinstance(digest, str) else None
                 except ValueError:
                     continue
-            self._set(path, str(data["applyset"]), {r: (h, None, None) for r, h in refs.items()})
+            self._set(path, applyset, {r: (h, None, None) for r, h in refs.items()})
         self.on_change()
         return bare
 
