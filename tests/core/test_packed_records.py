@@ -109,6 +109,12 @@ def test_an_acknowledged_path_is_recorded_and_journaled_in_the_state_format(fp, 
         again = RecordStore(Path(tmp) / "state")
         again.load()
         assert again.by_str[key] == PathRecord(fp, digest, None, None)
+        again.compact()  # the snapshot's text, as json.dumps gives it, and read back
+        snapshot = (Path(tmp) / "state" / "records.json").read_text()
+        assert snapshot.endswith(json.dumps({key: {"fp": list(fp), "digest": digest}}, separators=(",", ":"))[1:] + "}")
+        third = RecordStore(Path(tmp) / "state")
+        third.load()
+        assert third.by_str[key] == PathRecord(fp, digest, None, None)
 
 
 def test_records_survive_a_restart_and_are_not_tracked_by_the_collector(tmp_path: Path) -> None:
