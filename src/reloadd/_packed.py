@@ -213,7 +213,7 @@ def journal_json(raw: bytes) -> str:
 
     The exact text ``json.dumps(…, separators=(",", ":"))`` gives, built without decoding the data. The common
     record (a fingerprint and a SHA-256, nothing else) in one ``struct`` call: a compaction of 100,000 of them
-    encodes each in ~0.4 µs instead of 1.1 (lower-case hex needs no JSON escaping).
+    encodes each in 0.55 µs instead of 1.10 (lower-case hex needs no JSON escaping).
     """
     if raw[0] == _HAS_FP | _HAS_SHA:
         _, ino, size, mtime, ctime, sha = _PLAIN_SHA.unpack(raw)
