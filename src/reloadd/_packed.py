@@ -32,8 +32,7 @@ __all__ = ["RecordView", "data_json_of", "data_of", "digest_of", "dumps", "error
 
 _FP = struct.Struct("<QQqq")
 _LEN = struct.Struct("<I")
-_PLAIN = struct.Struct("<BQQqq")  # the flags byte and the fingerprint of the common record (see pack_json)
-_PLAIN_SHA = struct.Struct("<BQQqq32s")  # the whole common record (see journal_json)
+_PLAIN = struct.Struct("<BQQqq32s")  # the common record: flags, fingerprint, SHA-256 (see pack_json, journal_json)
 _HAS_FP, _HAS_SHA, _HAS_TEXT, _HAS_DATA, _HAS_ERROR = 1, 2, 4, 8, 16
 dumps = json.JSONEncoder(separators=(",", ":")).encode
 """Compact JSON text, as the state files hold it."""
@@ -73,7 +72,7 @@ def pack_json(fingerprint: tuple[int, int, int, int] | None, digest: str | None,
     if data is None and error is None and fingerprint is not None and digest is not None and len(digest) == 64:
         raw = _sha_bytes(digest)
         if raw is not None:
-            return _PLAIN.pack(_HAS_FP | _HAS_SHA, *fingerprint) + raw
+            return _PLAIN.pack(_HAS_FP | _HAS_SHA, *fingerprint, raw)
     flags = 0
     head = b""
     tail: list[bytes] = []
@@ -212,12 +211,12 @@ def journal_json(raw: bytes) -> str:
     """The record as the JSON object the state files hold: ``{"fp":[…],"digest":…,"data":…,"error":…}``.
 
     The exact text ``json.dumps(…, separators=(",", ":"))`` gives, built without decoding the data. The common
-    record (a fingerprint and a SHA-256, nothing else) in one ``struct`` call: a compaction of 100,000 of them
-    encodes each in 0.55 µs instead of 1.10 (lower-case hex needs no JSON escaping).
+    record (a fingerprint and a SHA-256, nothing else) is read with one ``struct`` call: a compaction of 100,000
+    of them encodes each in 0.81 µs instead of 1.10 (the text itself is fields_json's, one rule).
     """
     if raw[0] == _HAS_FP | _HAS_SHA:
-        _, ino, size, mtime, ctime, sha = _PLAIN_SHA.unpack(raw)
-        return f'{{"fp":[{ino},{size},{mtime},{ctime}],"digest":"{sha.hex()}"}}'
+        _, ino, size, mtime, ctime, sha = _PLAIN.unpack(raw)
+        return fields_json((ino, size, mtime, ctime), sha.hex(), None, None)
     fp, digest, data, error = _fields(raw)
     return fields_json(fp, digest, None if data is None else data.decode(), error)
 

@@ -149,8 +149,10 @@ class Ledger:
         bare: list[Path] = []
         for path, rec in records:
             data = rec.data if isinstance(rec.data, dict) else None
-            applyset = applyset_of(data) if data is not None and not data.get("skipped") else None
-            if data is None or applyset is None:
+            if data is None or data.get("skipped"):
+                continue
+            applyset = applyset_of(data)
+            if applyset is None:
                 continue
             owned = data.get("owned")
             if not isinstance(owned, dict):
