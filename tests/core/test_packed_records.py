@@ -211,3 +211,22 @@ async def test_data_that_is_not_json_is_named_and_the_acknowledgement_kept(tmp_p
         await r.wait_idle(10)
     assert handed == [root / "a.conf"] * 2  # acknowledged: not handed over again until asked
     assert any("a.conf" in m and "not JSON" in m for m in caplog.messages)
+
+
+def test_a_batch_of_paths_costs_little_memory() -> None:
+    """A batch in flight holds a ``Path`` a path: the paths of a directory share its part strings, and a path's
+    string is its key (asked for by a consumer, it is not joined again)."""
+    import tracemalloc
+
+    keys = [f"/srv/reloadd/manifests/app/f{i:05d}.yaml" for i in range(2048)]
+    path_of(keys[0])  # the directory's parts, once
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        paths = [path_of(k) for k in keys]
+        strings = [str(p) for p in paths]
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert all(s is k for s, k in zip(strings, keys, strict=True))
+    assert used / len(keys) < 360, used / len(keys)  # 268 bytes; a split of each path, joined again: 621
