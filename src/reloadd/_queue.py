@@ -36,7 +36,7 @@ __all__ = ["Item", "QueueCounts", "QueueStats", "WorkQueue"]
 log = logging.getLogger("reloadd.queue")
 
 _BATCH = 512  # paths a batch starts at
-_BATCH_MAX = 8192  # paths a batch grows to at most for a fast consumer with a backlog
+_BATCH_MAX = 2048  # paths a batch grows to at most for a fast consumer with a backlog (see max_batch)
 _FAST = 0.05  # seconds: a full batch handled this fast doubles the next ones
 _SLOW = 1.0  # seconds: a batch this slow halves them
 _DELETED = ChangeKind.DELETED  # an enum member read as a class attribute costs ~0.1 µs
@@ -77,7 +77,11 @@ class WorkQueue:
         concurrency: Batches in flight at once.
         max_batch: Paths per batch at most. A batch starts at 512 paths and doubles (up to this)
             while the consumer acknowledges full ones within 50 ms and more are queued, so a
-            backlog goes in large batches to a fast consumer; a batch over 1 s halves it again.
+            backlog goes in large batches to a fast consumer; a batch over 1 s halves it again. At most
+            2,048 by default: what a batch holds while in flight (a ``Path``, a ``Change`` and its item,
+            ~0.9 KiB a path) is freed when it ends, but the records written meanwhile keep the memory it
+            was in from being given back (a start-up pass over 100,000 files left 60 MiB resident, against
+            63-64 with batches of up to 8,192, for the same CPU).
         backoff_initial: First retry delay, seconds.
         backoff_max: Cap of the retry delay, seconds.
         on_change: Called whenever the queue's state changes (idle tracking, metrics).
@@ -102,7 +106,7 @@ class WorkQueue:
         records: RecordStore,
         *,
         concurrency: int = 1,
-        max_batch: int = 8192,
+        max_batch: int = _BATCH_MAX,
         backoff_initial: float = 1.0,
         backoff_max: float = 300.0,
         on_change: Callable[[], None] = lambda: None,

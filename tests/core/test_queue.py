@@ -213,17 +213,26 @@ async def test_retry_after_is_capped_by_the_backoff_maximum(tmp_path, recorder_c
 
 
 async def test_a_fast_consumer_with_a_backlog_gets_larger_batches(tmp_path, recorder_cls, start_reloader):
-    """A backlog goes to a consumer that acknowledges fast in batches that grow past 512 (to 8192 at most)."""
+    """A backlog goes to a consumer that acknowledges fast in batches that grow past 512, to 2,048 at most:
+    what a batch holds while in flight is bounded however long the backlog."""
     root = tmp_path / "root"
     root.mkdir()
-    for i in range(6000):
-        (root / f"f{i:05d}").write_text(str(i))
     rec = recorder_cls([root])
-    await start_reloader(rec)
-    await rec.wait_for(lambda x: len(x.changes) == 6000, timeout=60)
+    rec.gate = asyncio.Event()  # the first batch waits until the whole backlog is queued behind it
+    r = await start_reloader(rec)
+    queue = r.engine.slots["rec"].queue
+    for i in range(12_000):
+        (root / f"f{i:05d}").write_text(str(i))
+    await asyncio.wait_for(rec.entered.wait(), 30)
+    for _ in range(600):
+        if len(queue._items) + len(queue._inflight) >= 12_000:
+            break
+        await asyncio.sleep(0.05)
+    rec.gate.set()
+    await rec.wait_for(lambda x: len(x.changes) == 12_000, timeout=60)
     sizes = [len(b.changes) for b in rec.batches]
     assert sizes[0] <= 512 and max(sizes) > 512, sizes
-    assert max(sizes) <= 8192 and sum(sizes) == 6000
+    assert max(sizes) <= 2048 and sum(sizes) == 12_000, sizes
 
 
 async def test_a_big_start_up_pass_takes_its_findings_in_a_settling_step_at_a_time(
