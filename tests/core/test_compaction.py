@@ -95,3 +95,41 @@ def test_a_busy_flush_puts_a_due_compaction_off_until_the_journal_doubles(tmp_pa
     t = RecordStore(tmp_path / "st")
     t.load()
     assert {p: rec.digest for p, rec in t.items()} == {Path(f"/f{i}"): "d4" for i in range(10)}
+
+
+def test_a_compaction_writes_the_records_as_prepared_and_holds_little_meanwhile(tmp_path):
+    """The snapshot a flush writes in a worker thread is the records as they were when it was prepared, whatever
+    the loop changes meanwhile; and what it holds until then is every path and record once (two tuples, 16
+    bytes a record), not a copy of the table (38 for 100,000): it is taken at the end of a burst, when memory peaks."""
+    import tracemalloc
+
+    s = RecordStore(tmp_path / "st", compact_after=10)
+    s.load()
+    for rnd in range(2):  # the journal outgrows the records: a compaction is due
+        for i in range(100_000):
+            s.put(Path(f"/srv/f{i:06d}"), PathRecord(FP, f"{i + rnd:064x}"))
+        if rnd == 0:
+            s.flush()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        job = s.prepare()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert job is not None and job.snapshot is not None
+    assert held / 100_000 < 20, held / 100_000
+    s.put(Path("/srv/new"), PathRecord(FP))  # the loop goes on while the job waits for its thread
+    s.drop(Path("/srv/f000000"))
+    s.put(Path("/srv/f000001"), PathRecord(FP, "ff" * 32))
+    s.write(job)
+
+    written = RecordStore(tmp_path / "st")
+    written.load(read_only=True)
+    assert len(written) == 100_000 and Path("/srv/new") not in written
+    assert written[Path("/srv/f000000")].digest == f"{1:064x}" and written[Path("/srv/f000001")].digest == f"{2:064x}"
+    s.flush()  # then the changes made meanwhile are journaled over it
+    after = RecordStore(tmp_path / "st")
+    after.load(read_only=True)
+    assert Path("/srv/new") in after and Path("/srv/f000000") not in after
+    assert after[Path("/srv/f000001")].digest == "ff" * 32 and len(after) == 100_000
