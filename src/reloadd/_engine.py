@@ -31,7 +31,7 @@ from ._changes import CHANGED, UNREADABLE, Diff, Recorded, Resume, View, diff, d
 from ._consumer import BaseConsumer, Consumer
 from ._drift import DriftBook
 from ._filters import PathFilter, under
-from ._item import path_of
+from ._item import forget_parts, path_of
 from ._queue import Item, WorkQueue
 from ._scan import DigestCache, Listing
 from ._sources.base import Coverage, EventKind, SourceEvent
@@ -303,12 +303,13 @@ class Engine:
         return not self._backlog or len(self.agg) + self._handed_in < _BACKLOG
 
     def release_caches(self) -> None:
-        """Drop what only speeds up a burst (content digests, memoised filter verdicts): it is over.
+        """Drop what only speeds up a burst (content digests, memoised filter verdicts, directories' parts): it is over.
 
         Called when idle (no walk or judgement reads the records in a thread): a record table a mass
         removal emptied is rebuilt smaller too.
         """
         self.digests.clear()
+        forget_parts()
         for slot in self.slots.values():
             slot._owns = {}
             slot.records.shrink()

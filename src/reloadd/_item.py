@@ -8,7 +8,7 @@ from pathlib import Path, PosixPath
 
 from ._types import Fingerprint, Reason
 
-__all__ = ["Item", "path_of"]
+__all__ = ["Item", "forget_parts", "path_of"]
 
 # Python 3.11's pathlib parses every ``Path(str)`` (1.7 µs); a key is already an absolute normalised path, so its
 # parts are its split, set as ``PosixPath._from_parsed_parts`` sets them. 3.12 parses lazily, and its internals
@@ -18,7 +18,12 @@ _PARTS_SET = (sys.version_info[:2] == (3, 11) and sys.platform != "win32"
 _new = object.__new__
 _DIR_PARTS: dict[str, tuple[str, ...]] = {}
 """Directory -> its parts, for :func:`path_of` (the paths of a batch share their directories' part strings)."""
-_DIR_PARTS_MAX = 4096
+_DIR_PARTS_MAX = 1024
+
+
+def forget_parts() -> None:
+    """Empty :func:`path_of`'s memo of directories' parts (a burst is over)."""
+    _DIR_PARTS.clear()
 
 
 def path_of(key: str) -> Path:
