@@ -100,16 +100,19 @@ def needed_packed(raw: bytes | None, fingerprint: Fingerprint | None, digest: st
                   forced: bool = False) -> Needed:
     """The queue's de-duplication rule, on a packed record (:mod:`reloadd._packed`), read without unpacking it."""
     if forced:
-        return Needed.YES
+        return _YES
     if raw is None:
-        return Needed.NO if fingerprint is None else Needed.YES
+        return _NO if fingerprint is None else _YES
     if fingerprint is None:
-        return Needed.YES
+        return _YES
     if stat_of(raw) == fingerprint:
-        return Needed.NO
+        return _NO
     if digest is not None and digest_of(raw) == digest:
-        return Needed.SAME_CONTENT
-    return Needed.YES
+        return _SAME_CONTENT
+    return _YES
+
+
+_YES, _NO, _SAME_CONTENT = Needed.YES, Needed.NO, Needed.SAME_CONTENT  # read once: ~60 ns a read through the class
 
 
 def change_kind(rec: object | None, fingerprint: Fingerprint | None) -> ChangeKind:

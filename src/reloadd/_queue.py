@@ -40,6 +40,7 @@ _BATCH_MAX = 2048  # paths a batch grows to at most for a fast consumer with a b
 _FAST = 0.05  # seconds: a full batch handled this fast doubles the next ones
 _SLOW = 1.0  # seconds: a batch this slow halves them
 _DELETED = ChangeKind.DELETED  # an enum member read as a class attribute costs ~0.1 µs
+_YES, _SAME_CONTENT = Needed.YES, Needed.SAME_CONTENT
 _HOLDS_EVERY = 1.0  # seconds: the held removals' file is rewritten at most this often
 
 
@@ -336,13 +337,13 @@ class WorkQueue:
     def _needed(self, item: Item) -> bool:
         raw = self._packed.get(item.key)
         verdict = needed_packed(raw, item.fingerprint, item.digest, forced=item.forced)
-        if verdict is Needed.SAME_CONTENT and raw is not None:
+        if verdict is _SAME_CONTENT and raw is not None:
             # Same content, only times (or the inode) moved: remember the new
             # fingerprint so the next comparison is a cheap one.
             self.records.put(item.key, replace(unpack(raw), fingerprint=item.fingerprint))
-        if verdict is not Needed.YES and item.fingerprint is not None and raw is not None:
+        if verdict is not _YES and item.fingerprint is not None and raw is not None:
             self.stats.dropped_unchanged += 1
-        return verdict is Needed.YES
+        return verdict is _YES
 
     # Dispatch --------------------------------------------------------------------
     def recheck(self) -> None:
