@@ -28,7 +28,10 @@ HOOK = textwrap.dedent(
     if any(c["path"].endswith("block.conf") for c in batch["changes"]):
         if not os.path.exists(os.path.join(here, "unblock")):
             open(os.path.join(here, "blocked"), "w").close()
-            time.sleep(120)
+            for _ in range(1200):  # until the test unblocks it (the hook outlives a kill -9 of reloadd)
+                if os.path.exists(os.path.join(here, "unblock")):
+                    break
+                time.sleep(0.1)
     """
 )
 
@@ -59,7 +62,7 @@ async def test_kill_9_during_batch_then_restart(tmp_path):
         await until(lambda: len(deliveries(tmp_path)) == 2)
         (root / "block.conf").write_text("takes forever")
         await until(lambda: (tmp_path / "blocked").exists())
-        os.killpg(daemon.pid, signal.SIGKILL)  # reloadd and the hook it runs
+        os.killpg(daemon.pid, signal.SIGKILL)  # reloadd (its hook runs in a session of its own: unblocked below)
         await daemon.wait()
     finally:
         if daemon.returncode is None:
