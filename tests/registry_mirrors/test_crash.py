@@ -45,7 +45,12 @@ NOTIFY = textwrap.dedent(
     try:
         os.rename(arm, arm + ".taken")
         open(os.path.join(here, "blocked-notify"), "w").close()
-        time.sleep(300)
+        # blocked until reloadd is killed: then gone as if killed with it, writing nothing (it runs in
+        # a session of its own, so the test's kill -9 of reloadd does not reach it)
+        parent, until = os.getppid(), time.monotonic() + 300
+        while os.getppid() == parent and time.monotonic() < until:
+            time.sleep(0.05)
+        os._exit(0)
     except FileNotFoundError:
         pass
     with open(os.path.join(here, "notify.log"), "a") as f:
