@@ -8,10 +8,16 @@ import gzip
 import json
 import os
 import random
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from reloadd_containerd_images import _ingest
+from reloadd_containerd_images._content import write_blob as real_write_blob
+from reloadd_containerd_images._errors import BadImageFile
+from reloadd_containerd_images._ingest import SMALL
 
 from reloadd import Ack, Reject, Retry
 from tests.containerd_images._helpers import Harness
@@ -206,3 +212,69 @@ async def test_archive_without_image_names_is_rejected(ctd: Containerd, harness:
     assert isinstance(res[p], Reject), res
     assert str(p) in res[p].error and "no image names" in res[p].error
     assert await h.consumer.client.list_images() == []
+
+
+def _small_first(built_at: Path, dest: Path, keep: float = 1.0) -> None:
+    """``built_at`` rewritten to ``dest`` with its small members before the layers (the first ``keep`` of it)."""
+    with tarfile.open(built_at) as tf:
+        entries = [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()]  # type: ignore[union-attr]
+    data = deterministic_tar(sorted(entries, key=lambda e: len(e[1]) > SMALL))
+    dest.write_bytes(data[: int(len(data) * keep)])
+
+
+async def test_a_small_blob_refused_beside_the_layers_fails_the_import(
+    ctd: Containerd, harness: Callable[..., Harness], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = harness()
+    plain = tmp_path / "plain.tar"
+    write_oci_archive(plain, [ImageSpec("example.com/refused:v1", seed="rf", layers=2, layer_size=3 << 20)])
+    p = h.root / "refused.tar"
+    _small_first(plain, p)
+    streaming = asyncio.Event()
+    writes: list[asyncio.Task[Any]] = []
+
+    async def write_blob(client: Any, ref: str, total: int, *a: Any, **k: Any) -> Any:
+        if total > SMALL:
+            streaming.set()
+            return await real_write_blob(client, ref, total, *a, **k)
+        writes.append(asyncio.current_task())  # type: ignore[arg-type]
+        await asyncio.wait_for(streaming.wait(), 10)
+        raise BadImageFile("containerd refused blob (by the test)")
+
+    monkeypatch.setattr(_ingest, "write_blob", write_blob)
+    r = (await h.handle(p))[p]
+    assert isinstance(r, Reject), r
+    assert str(p) in r.error and "refused blob (by the test)" in r.error, r.error
+    assert writes and all(t.done() for t in writes)
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert await h.consumer.client.get_image("example.com/refused:v1") is None
+    assert await h.consumer.client.list_leases() == []
+
+
+async def test_a_truncated_file_stops_the_small_blob_writes_beside_it(
+    ctd: Containerd, harness: Callable[..., Harness], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    h = harness()
+    plain = tmp_path / "plain.tar"
+    write_oci_archive(plain, [ImageSpec("example.com/cutside:v1", seed="cs", layers=2, layer_size=3 << 20)])
+    p = h.root / "cut.tar"
+    _small_first(plain, p, keep=0.6)
+    writes: list[asyncio.Task[Any]] = []
+
+    async def write_blob(client: Any, ref: str, total: int, *a: Any, **k: Any) -> Any:
+        if total <= SMALL:  # still running when the file ends early
+            writes.append(asyncio.current_task())  # type: ignore[arg-type]
+            await asyncio.sleep(10)
+        return await real_write_blob(client, ref, total, *a, **k)
+
+    monkeypatch.setattr(_ingest, "write_blob", write_blob)
+    r = (await h.handle(p))[p]
+    assert isinstance(r, Reject), r
+    assert "truncated" in r.error, r.error
+    assert writes and all(t.cancelled() for t in writes)
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert await h.consumer.client.list_leases() == []

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from reloadd_containerd_images import _ingest
+from reloadd_containerd_images._content import write_blob as real_write_blob
+from reloadd_containerd_images._ingest import SMALL
 
 from reloadd import Ack
 from tests.containerd_images._helpers import Harness, dump, sync_gc
@@ -15,9 +20,11 @@ from tests.infra import (
     Containerd,
     ImageSpec,
     compress,
+    deterministic_tar,
     write_docker_archive,
     write_oci_archive,
 )
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -182,3 +189,53 @@ async def test_reimport_sends_nothing(ctd: Containerd, harness: Callable[..., Ha
     res = await h.handle(h.root / "copy.tar")
     assert isinstance(res[h.root / "copy.tar"], Ack)
     assert h.consumer.stats["bytes_sent"] == sent
+
+
+def _small_members_first(src: Path, dest: Path) -> None:
+    """Rewrite an archive with its small members (index, manifest, config) before the layers."""
+    with tarfile.open(src) as tf:
+        entries = [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()]  # type: ignore[union-attr]
+    dest.write_bytes(deterministic_tar(sorted(entries, key=lambda e: len(e[1]) > SMALL)))
+
+
+async def test_small_blobs_are_written_beside_the_layers(
+    ctd: Containerd, harness: Callable[..., Harness], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small blob's write (round trips and containerd's fsyncs) does not hold back the streaming of the layers
+    after it; and a config still being written when its layers are unpacked gets its snapshot label all the same."""
+    h = harness(namespace="ours")
+    plain = tmp_path / "plain.tar"
+    built = write_oci_archive(plain, [ImageSpec("example.com/beside:v1", seed="b", layers=2, layer_size=3 << 20)])
+    path = h.root / "beside.tar"
+    _small_members_first(plain, path)
+    image = built[0].platforms[0]
+    config, layers, top = image.config.digest, len(image.layers), image.chain_ids[-1]
+    streaming, layers_in = asyncio.Event(), asyncio.Event()
+    big_done = 0
+
+    async def write_blob(client: Any, ref: str, total: int, expected: str, *a: Any, **k: Any) -> Any:
+        nonlocal big_done
+        if total > SMALL:
+            streaming.set()
+            res = await real_write_blob(client, ref, total, expected, *a, **k)
+            big_done += 1
+            if big_done == layers:
+                layers_in.set()
+            return res
+        # Written inline (before the layers after it were read), this would wait for ever.
+        await asyncio.wait_for(streaming.wait(), 10)
+        if expected == config:  # held until the early unpack has made the whole chain, and then some
+            await asyncio.wait_for(layers_in.wait(), 30)
+            await until(lambda: client.snapshot_exists("overlayfs", top), what="the chain unpacked", every=0.02)
+            await asyncio.sleep(0.5)  # the unpack labels the config next: not before the config is in
+        return await real_write_blob(client, ref, total, expected, *a, **k)
+
+    monkeypatch.setattr(_ingest, "write_blob", write_blob)
+    res = await h.handle(path)
+    assert isinstance(res[path], Ack), res
+    await ctd.ctr("images", "import", "--all-platforms", str(plain), namespace="ctr")
+    await sync_gc(ctd.address)
+    got, want = await dump(ctd.address, "ours"), await dump(ctd.address, "ctr")
+    assert got["images"] == want["images"]
+    assert got["content"] == want["content"]  # the config's gc.ref.snapshot label included
+    assert got["snapshots"] == want["snapshots"] and len(got["snapshots"]) == layers

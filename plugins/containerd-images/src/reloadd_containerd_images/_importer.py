@@ -7,9 +7,10 @@ PullImage), an optional pin and a label naming the source file.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -205,8 +206,8 @@ class Importer:
         labels = self.record_labels(extra_labels)
         for image in resolved.images:
             d = image.target
-            for ref in image.refs:
-                await self.client.upsert_image(ref, Descriptor(d.media_type, d.digest, d.size), labels, lease)
+            target = Descriptor(d.media_type, d.digest, d.size)
+            await _all(self.client.upsert_image(ref, target, labels, lease) for ref in image.refs)
             rep.images.append(image)
             self.log.info("Imported image %s (%s) from %s", image.name, d.digest, path)
 
@@ -280,6 +281,19 @@ class Importer:
                 seen.add(name)
                 out.append((name, d))
         return out
+
+
+async def _all(calls: Iterable[Awaitable[None]]) -> None:
+    """Await ``calls`` at once (an image's records: each a round trip or two and a containerd transaction); the
+    first error is raised once the others are cancelled."""
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def lease_expiry(size: int) -> timedelta:

@@ -10,10 +10,13 @@ byte-identical to containerd's, so digests equal ``ctr images import``'s.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import json
 import posixpath
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,6 +48,8 @@ SMALL = 1 << 20
 """Members up to this size are read whole (and kept when they look like JSON)."""
 CACHE_LIMIT = 64 << 20
 """Bytes of small JSON blobs kept in memory per import; beyond that they are read back."""
+BESIDE = 8
+"""Small blobs written at once beside the streaming of the next members (each holds at most :data:`SMALL`)."""
 _BLOB_PATH = re.compile(r"blobs/sha256/([0-9a-f]{64})")
 _DOCKER_V1 = re.compile(r"repositories|[0-9a-f]{64}/(?:json|VERSION)")
 
@@ -132,52 +137,77 @@ async def ingest(
     docker_manifests: Any = None
     res = Ingested(Descriptor("", "", 0), docs=docs if docs is not None else {})
     cached = 0
-    async with ArchiveReader(path) as reader:
-        res.compression = reader.compression
-        while (m := await reader.next_member()) is not None:
-            if m.link:
-                links[m.name] = m.link
-                continue
-            if m.name == "oci-layout":
-                layout = _json(await reader.read_all(JSON_LIMIT, "oci-layout"), "oci-layout")
-                continue
-            if _DOCKER_V1.fullmatch(m.name):
-                continue  # docker v1 leftovers nothing references (containerd's GC drops them)
-            if m.name == "manifest.json":
-                docker_manifests = _json(await reader.read_all(JSON_LIMIT, "manifest.json"), "manifest.json")
-                continue
-            if m.name == "index.json":
-                # Only read: containerd would store it as a blob that nothing references (the GC
-                # drops it once the lease is gone), so writing it would only cost a transfer.
-                raw = await reader.read_all(JSON_LIMIT, "index.json")
-                blobs[m.name] = Descriptor(OCI_INDEX, sha256_digest(raw), len(raw))
-                res.docs[sha256_digest(raw)] = raw
-                if observer is not None:
-                    observer.index_read(sha256_digest(raw))
-                continue
-            bm = _BLOB_PATH.fullmatch(m.name)
-            expected = f"sha256:{bm.group(1)}" if bm else ""
-            ref = (
-                f"reloadd-{bm.group(1)}"
-                if bm
-                else f"reloadd-{refbase}-{hashlib.sha256(m.name.encode()).hexdigest()[:16]}"
-            )
-            if dry_run:
-                wr, head, data = await _hash_member(reader, m, expected)
-            else:
-                wr, head, data = await _write_member(client, reader, m, ref, expected, lease)
-            if data is not None and data[:1] == b"{" and cached + len(data) <= CACHE_LIMIT:
-                res.docs[wr.digest] = data
-                cached += len(data)
-            res.blobs += 1
-            res.blobs_present += wr.existed
-            res.bytes_sent += wr.bytes_sent
-            res.written.add(wr.digest)
-            if observer is not None:
-                observer.blob_committed(wr.digest)
-            heads[m.name] = head
-            blobs[m.name] = Descriptor("", wr.digest, m.size)
-        res.bytes_read = reader.bytes_read
+
+    def committed(wr: WriteResult) -> None:
+        res.blobs += 1
+        res.blobs_present += wr.existed
+        res.bytes_sent += wr.bytes_sent
+        res.written.add(wr.digest)
+        if observer is not None:
+            observer.blob_committed(wr.digest)
+
+    def keep(m: Member, digest: str, head: bytes, data: bytes | None = None) -> None:
+        nonlocal cached
+        if data is not None and data[:1] == b"{" and cached + len(data) <= CACHE_LIMIT:
+            res.docs[digest] = data
+            cached += len(data)
+        heads[m.name] = head
+        blobs[m.name] = Descriptor("", digest, m.size)
+
+    beside = _Beside()
+    try:
+        async with ArchiveReader(path) as reader:
+            res.compression = reader.compression
+            while (m := await reader.next_member()) is not None:
+                if m.link:
+                    links[m.name] = m.link
+                    continue
+                if m.name == "oci-layout":
+                    layout = _json(await reader.read_all(JSON_LIMIT, "oci-layout"), "oci-layout")
+                    continue
+                if _DOCKER_V1.fullmatch(m.name):
+                    continue  # docker v1 leftovers nothing references (containerd's GC drops them)
+                if m.name == "manifest.json":
+                    docker_manifests = _json(await reader.read_all(JSON_LIMIT, "manifest.json"), "manifest.json")
+                    continue
+                if m.name == "index.json":
+                    # Only read: containerd would store it as a blob that nothing references (the GC
+                    # drops it once the lease is gone), so writing it would only cost a transfer.
+                    raw = await reader.read_all(JSON_LIMIT, "index.json")
+                    blobs[m.name] = Descriptor(OCI_INDEX, sha256_digest(raw), len(raw))
+                    res.docs[sha256_digest(raw)] = raw
+                    if observer is not None:
+                        observer.index_read(sha256_digest(raw))
+                    continue
+                bm = _BLOB_PATH.fullmatch(m.name)
+                expected = f"sha256:{bm.group(1)}" if bm else ""
+                ref = (
+                    f"reloadd-{bm.group(1)}"
+                    if bm
+                    else f"reloadd-{refbase}-{hashlib.sha256(m.name.encode()).hexdigest()[:16]}"
+                )
+                if m.size <= SMALL:
+                    data, digest = await _read_small(reader, m, expected)
+                    keep(m, digest, data[:16], data)
+                    if dry_run:
+                        committed(WriteResult(digest, 0, False))
+                    else:
+                        # Written beside the members after it: its commit (round trips and containerd's
+                        # fsyncs) does not hold back the streaming of the layers.
+                        write = functools.partial(write_blob, client, ref, len(data), digest, BytesSource(data), lease)
+                        await beside.start(write, committed)
+                    continue
+                if dry_run:
+                    wr, head = await _hash_member(reader, m, expected)
+                else:
+                    wr, head = await _write_member(client, reader, m, ref, expected, lease)
+                keep(m, wr.digest, head)
+                committed(wr)
+                beside.check()
+            await beside.finish()
+            res.bytes_read = reader.bytes_read
+    finally:
+        await beside.close()
     for name, target in links.items():
         if target in blobs:
             blobs[name] = blobs[target]
@@ -197,42 +227,38 @@ async def ingest(
     return res
 
 
-async def _hash_member(reader: ArchiveReader, m: Member, expected: str) -> tuple[WriteResult, bytes, bytes | None]:
+async def _read_small(reader: ArchiveReader, m: Member, expected: str) -> tuple[bytes, str]:
+    """A member of at most :data:`SMALL` bytes, read whole, and its digest (checked against ``expected``)."""
+    data = await reader.read_all(SMALL, m.name)
+    actual = sha256_digest(data)
+    if expected and actual != expected:
+        raise BadImageFile(f"{m.name} does not match its digest (corrupt archive)")
+    return data, actual
+
+
+async def _hash_member(reader: ArchiveReader, m: Member, expected: str) -> tuple[WriteResult, bytes]:
     """What :func:`_write_member` would write, found reading only."""
-    if m.size <= SMALL:
-        data = await reader.read_all(SMALL, m.name)
-        actual = sha256_digest(data)
-        if expected and actual != expected:
-            raise BadImageFile(f"{m.name} does not match its digest (corrupt archive)")
-        return WriteResult(actual, 0, False), data[:16], data
     if expected:  # only its first bytes (a docker layer's compression): the import verifies the rest
         src = _MemberSource(reader)
         await src.begin()
         while len(src.head) < 16 and await src.read():
             pass
-        return WriteResult(expected, 0, False), src.head, None
+        return WriteResult(expected, 0, False), src.head
     if reader.seekable:
         digest, head = await reader.digest()
-        return WriteResult(digest, 0, False), head, None
+        return WriteResult(digest, 0, False), head
     src = _MemberSource(reader)
     await src.begin()
     h = hashlib.sha256()
     while chunk := await src.read():
         h.update(chunk)
-    return WriteResult(f"sha256:{h.hexdigest()}", 0, False), src.head, None
+    return WriteResult(f"sha256:{h.hexdigest()}", 0, False), src.head
 
 
 async def _write_member(
     client: ContainerdClient, reader: ArchiveReader, m: Member, ref: str, expected: str, lease: str
-) -> tuple[WriteResult, bytes, bytes | None]:
-    if m.size <= SMALL:
-        data = await reader.read_all(SMALL, m.name)
-        actual = sha256_digest(data)
-        if expected and actual != expected:
-            raise BadImageFile(f"{m.name} does not match its digest (corrupt archive)")
-        # Digest known up front: a blob containerd has costs no transfer.
-        wr = await write_blob(client, ref, len(data), actual, BytesSource(data), lease)
-        return wr, data[:16], data
+) -> tuple[WriteResult, bytes]:
+    """Stream a member bigger than :data:`SMALL` into containerd."""
     if not expected and reader.seekable:
         # A docker-archive layer: hash it first (a local read) so a layer containerd
         # already has is not sent again.
@@ -241,7 +267,52 @@ async def _write_member(
     else:
         src = _MemberSource(reader)
     wr = await write_blob(client, ref, m.size, expected, src, lease)
-    return wr, src.head, None
+    return wr, src.head
+
+
+class _Beside:
+    """Writes of small blobs (read whole), each run beside the reading and streaming of the members after it.
+
+    At most :data:`BESIDE` at once. A failed write's error comes out at the next :meth:`start`, :meth:`check`
+    or :meth:`finish`; :meth:`close` cancels what still runs and waits for it.
+    """
+
+    def __init__(self, limit: int = 0) -> None:
+        self._slots = asyncio.Semaphore(limit or BESIDE)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, write: Callable[[], Awaitable[WriteResult]], done: Callable[[WriteResult], None]) -> None:
+        """Run ``write()`` beside the caller (once a slot is free); ``done`` gets its result."""
+        self.check()
+        await self._slots.acquire()
+
+        async def run() -> None:
+            try:
+                done(await write())
+            finally:
+                self._slots.release()
+
+        self._tasks.append(asyncio.create_task(run()))
+
+    def check(self) -> None:
+        """Raise the error of a write that failed; forget those that ended."""
+        for t in self._tasks:
+            if t.done() and not t.cancelled() and (exc := t.exception()) is not None:
+                raise exc
+        self._tasks = [t for t in self._tasks if not t.done()]
+
+    async def finish(self) -> None:
+        """Wait for every write; raise the first error."""
+        while self._tasks:
+            await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)
+            self.check()
+
+    async def close(self) -> None:
+        """Cancel the writes still running and wait for them."""
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
 
 
 async def load_doc(client: ContainerdClient, res: Ingested, digest: str, what: str, lease: str) -> Any:

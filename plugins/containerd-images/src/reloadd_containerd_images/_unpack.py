@@ -93,7 +93,7 @@ async def unpack(
     """Make sure the snapshot chain of ``plan`` exists; label layers and config like containerd.
 
     ``ready(digest)``, when given, is awaited before a layer blob is used (it may still be
-    streaming in).
+    streaming in), and before the config blob is labelled.
 
     Raises:
         BadImageFile: a layer does not match its diff ID or cannot be applied.
@@ -126,6 +126,8 @@ async def unpack(
             stats.layers_present += 1
     stats.top = stats.chain[-1] if stats.chain else ""
     if unpacked_any and stats.top:
+        if ready is not None:
+            await ready(plan.config.digest)  # a small blob: its write may still be running beside the layers
         await client.set_content_labels(
             plan.config.digest, {f"containerd.io/gc.ref.snapshot.{snapshotter}": stats.top}, lease
         )
