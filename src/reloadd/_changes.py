@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import cast
 
 from ._filters import PathFilter, under
+from ._inorder import InOrder
 from ._item import Item
-from ._packed import digest_of, pack_record, pack_stat, stat_mismatches, stat_of
+from ._packed import digest_of, pack_record, pack_stat, stat_of
 from ._prune import PruneGuard, RootId
 from ._scan import (
     DigestCache,
@@ -344,6 +345,7 @@ class _Compare:
                  recorded: dict[str, Recorded] | None = None) -> None:
         self.view = view
         self.forced = forced
+        self._in_order = InOrder(view.records)  # the walk's stats compared with the records in their order first
         self.observe: dict[str, object] = {}  # path -> what the walk saw of it (see Diff.observe)
         self.met = 0
         self.met_keys: set[str] | None = set() if overlap else None  # walks overlap: a path may be met twice
@@ -422,7 +424,7 @@ class _Compare:
         owned, queued, held, observe = self.view.owned, self.view.queued, self.held, self.observe
         if not found and not listed:
             return
-        recorded, differing = stat_mismatches(self.view.records, found) if found else (0, [])
+        recorded, differing = self._in_order.mismatches(found) if found else (0, [])
         if self._before is None and self.met_keys is None and self.scoped:
             # The kept counts stand for the records: a recorded path met is one the counts hold (a record
             # added while the walk runs may be counted too; that only defers to the next walk the judgement

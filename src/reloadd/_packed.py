@@ -26,14 +26,17 @@ from typing import Any
 
 from ._types import Fingerprint, JSONValue, PathRecord
 
-__all__ = ["RecordView", "data_json_of", "data_of", "digest_of", "dumps", "error_of", "fields_json", "from_json",
-           "has_error", "journal_json", "pack", "pack_json", "pack_record", "pack_stat", "stat_mismatches",
+__all__ = ["HAS_FP", "RecordView", "data_json_of", "data_of", "digest_of", "dumps", "error_of", "fields_json",
+           "from_json", "has_error", "journal_json", "pack", "pack_json", "pack_record", "pack_stat", "stat_mismatches",
            "stat_of", "unpack", "unpack_stat"]
 
 _FP = struct.Struct("<QQqq")
 _LEN = struct.Struct("<I")
 _PLAIN = struct.Struct("<BQQqq32s")  # the common record: flags, fingerprint, SHA-256 (see pack_json, journal_json)
 _HAS_FP, _HAS_SHA, _HAS_TEXT, _HAS_DATA, _HAS_ERROR = 1, 2, 4, 8, 16
+HAS_FP = _HAS_FP
+"""The flag (in a record's first byte) of a record holding a fingerprint, as :func:`pack_stat` packs it, at
+offset 1: ``raw[0] & HAS_FP and raw.startswith(stat, 1)`` is a record holding ``stat``."""
 dumps = json.JSONEncoder(separators=(",", ":")).encode
 """Compact JSON text, as the state files hold it."""
 _str = json.encoder.encode_basestring_ascii  # what json.dumps uses for a str, in C

@@ -32,7 +32,7 @@ _NOT_REGULAR = "not a regular file (FIFO, socket or device); ignored"
 Found: TypeAlias = dict[str, bytes]
 """What a :func:`scan` stat-ed: path -> fingerprint packed (:func:`reloadd._packed.pack_stat`: 80 bytes of memory
 a path against ~200 for a tuple and its integers; compared in place with the records,
-:func:`reloadd._packed.stat_mismatches`)."""
+:class:`reloadd._inorder.InOrder`)."""
 
 # File systems on which a live inotify watch on a directory sees every change made on this
 # machine through it. Not network or FUSE file systems (changes made elsewhere are never
