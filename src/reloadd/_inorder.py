@@ -8,8 +8,8 @@ path up only when it is not that record. A lookup reads the table's index, an en
 the record at random places: a full rescan of 100,000 unchanged files compared them in 45-50 ms with one
 lookup a path, 19 ms in order.
 
-The answers are those of :func:`reloadd._packed.stat_mismatches` whatever the order: a record is taken
-from the cursor only when its key is the path's. A file added since the records were written (not the next
+The answers are those of a lookup a path whatever the order: a record is taken from the cursor only when
+its key is the path's. A file added since the records were written (not the next
 record) costs a look at the next few records; records whose files were removed are skipped when the path
 after them is among those; a walk in another order gives the cursor up after :data:`MISSES` paths in a row
 and looks each path up. The records may change while the walk runs (it runs in a worker thread): a record
@@ -51,7 +51,7 @@ class InOrder:
 
     def mismatches(self, found: Mapping[str, bytes]) -> tuple[int, list[str]]:
         """How many paths of ``found`` (path -> :func:`~reloadd._packed.pack_stat`) have a record, and those whose
-        record does not hold the stat found, in ``found``'s order (:func:`~reloadd._packed.stat_mismatches`)."""
+        record does not hold the stat found (none, one without a fingerprint, another one), in ``found``'s order."""
         differing: list[str] = []
         recorded = 0
         get, ahead, it, pair, run = self._records.get, self._ahead, self._it, self._pair, self._run
@@ -61,7 +61,7 @@ class InOrder:
                 run = 0
                 if ahead:
                     pair = ahead.pop()
-                else:
+                else:  # _pull, inline: once a path
                     try:
                         pair = next(it, None)
                     except RuntimeError:  # the records' number changed: looked up from here on
@@ -82,11 +82,14 @@ class InOrder:
         return recorded, differing
 
     def _next(self) -> _Pair | None:
-        if self._ahead:
-            return self._ahead.pop()
+        """The record after the cursor: read ahead already, or the next one."""
+        return self._ahead.pop() if self._ahead else self._pull()
+
+    def _pull(self) -> _Pair | None:
+        """The next record from the records themselves; ``None`` at their end, or once their number changed."""
         try:
             return next(self._it, None)
-        except RuntimeError:
+        except RuntimeError:  # the records' number changed: looked up from here on
             self._it = _DONE
             return None
 
@@ -98,14 +101,7 @@ class InOrder:
             self._it = _DONE
             return None
         ahead = self._ahead
-        while len(ahead) < AHEAD:
-            try:
-                nxt = next(self._it, None)
-            except RuntimeError:
-                self._it = _DONE
-                nxt = None
-            if nxt is None:
-                break
+        while len(ahead) < AHEAD and (nxt := self._pull()) is not None:
             ahead.insert(0, nxt)
         for i in range(len(ahead) - 1, -1, -1):  # the records after the cursor, in order
             if ahead[i][0] == key:

@@ -27,8 +27,8 @@ from typing import Any
 from ._types import Fingerprint, JSONValue, PathRecord
 
 __all__ = ["HAS_FP", "RecordView", "data_json_of", "data_of", "digest_of", "dumps", "error_of", "fields_json",
-           "from_json", "has_error", "journal_json", "pack", "pack_json", "pack_record", "pack_stat", "stat_mismatches",
-           "stat_of", "unpack", "unpack_stat"]
+           "from_json", "has_error", "journal_json", "pack", "pack_json", "pack_record", "pack_stat", "stat_of",
+           "unpack", "unpack_stat"]
 
 _FP = struct.Struct("<QQqq")
 _LEN = struct.Struct("<I")
@@ -109,27 +109,6 @@ its four integers), for what a walk saw of a path until a probe compares it (:fu
 
 unpack_stat: Callable[[bytes], tuple[int, int, int, int]] = _FP.unpack
 """The fingerprint tuple of a :func:`pack_stat`."""
-
-
-def stat_mismatches(records: Mapping[str, bytes], found: Mapping[str, bytes]) -> tuple[int, list[str]]:
-    """Compare a walk's stats (``found``: path -> :func:`pack_stat`) with ``records`` (path -> packed record).
-
-    Returns how many paths of ``found`` have a record, and the paths whose record does not hold the stat
-    found (no record, one without a fingerprint, or another fingerprint: compared in place), in ``found``'s
-    order. One pass and no call per path: a full rescan of 100,000 unchanged files took ~20 ms more when it
-    counted the records it met in a pass of its own and compared each through a function.
-    """
-    differing: list[str] = []
-    recorded = 0
-    get = records.get
-    for key, packed in found.items():
-        raw = get(key)
-        if raw is not None:
-            recorded += 1
-            if raw[0] & _HAS_FP and raw.startswith(packed, 1):
-                continue
-        differing.append(key)
-    return recorded, differing
 
 
 def pack_record(rec: PathRecord) -> bytes:

@@ -12,13 +12,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from reloadd import Fingerprint, PathRecord, _item
+from reloadd._inorder import InOrder
 from reloadd._item import path_of
 from reloadd._packed import (
     digest_of,
     journal_json,
     pack_record,
     pack_stat,
-    stat_mismatches,
     stat_of,
     unpack,
     unpack_stat,
@@ -59,7 +59,7 @@ def test_a_walk_is_told_which_stats_differ_from_the_records(cases) -> None:
     # No fingerprint, and a digest whose raw bytes sit where one would and read as the stat found.
     found["/w/digest-only"] = pack_stat(5, 6, 7, 8)
     records["/w/digest-only"] = pack_record(PathRecord(None, found["/w/digest-only"].hex()))
-    recorded, differing = stat_mismatches(records, found)
+    recorded, differing = InOrder(records).mismatches(found)
     assert recorded == len(records) - 1
     assert "/w/digest-only" in differing
     assert differing == [k for k in found

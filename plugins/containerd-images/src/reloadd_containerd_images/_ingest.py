@@ -277,8 +277,8 @@ class _Beside:
     or :meth:`finish`; :meth:`close` cancels what still runs and waits for it.
     """
 
-    def __init__(self, limit: int = 0) -> None:
-        self._slots = asyncio.Semaphore(limit or BESIDE)
+    def __init__(self) -> None:
+        self._slots = asyncio.Semaphore(BESIDE)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, write: Callable[[], Awaitable[WriteResult]], done: Callable[[WriteResult], None]) -> None:
