@@ -2,6 +2,7 @@
 
     python -m bench.core._child reloadd DIR --state STATE [--quiet S --max-delay S]
     python -m bench.core._child watchfiles DIR [--step MS --debounce MS]
+    python -m bench.core._child floor DIR --state STATE
 
 Lines written: ``{"ev": "ready", "pid": N}`` once, then ``{"ev": "batch", "t": T, "names": [...]}``
 per batch, where ``T`` is ``time.monotonic()`` (CLOCK_MONOTONIC, shared by every process
@@ -9,7 +10,8 @@ on the machine) taken first thing in the callback, and ``names`` are the file na
 benchmarks use flat directories). A line ``stats`` on stdin makes the reloadd child print
 ``{"ev": "stats", ...}`` with its engine and queue counters.
 
-The watchfiles child never imports reloadd, so its memory figures are its own.
+The watchfiles child never imports reloadd, so its memory figures are its own; nor does the *floor* child
+(:func:`run_floor`), the least Python code doing the work reloadd does for each changed file.
 """
 
 from __future__ import annotations
@@ -97,10 +99,117 @@ async def run_watchfiles(root: Path, step: int | None, debounce: int | None) -> 
         emit({"ev": "batch", "t": t, "names": [os.path.basename(p) for _, p in changes]})
 
 
+_IN_MASK = 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800 | 0x01000000 | 0x04000000
+"""MODIFY, ATTRIB, CLOSE_WRITE, MOVED_FROM, MOVED_TO, CREATE, DELETE, DELETE_SELF, MOVE_SELF, ONLYDIR, EXCL_UNLINK:
+reloadd's inotify mask."""
+_IN_Q_OVERFLOW, _IN_ISDIR = 0x4000, 0x40000000
+FLOOR_STEP = 0.05
+"""The floor's passes start at least this far apart (watchfiles' ``step``): one journal write and ``fsync`` a pass,
+so a slow writer is not answered with one each few files."""
+
+
+def run_floor(root: Path, state: Path) -> None:
+    """The least Python code doing, for each file a burst changes, the work reloadd guarantees (a yardstick).
+
+    A thread reads the inotify descriptor as fast as events come (so the kernel queue does not overflow while a
+    pass runs); each pass takes every event read so far, and for each path named: ``lstat``; a regular file
+    whose inode, size and times differ from its record is opened, read and its SHA-256 taken (then ``fstat``-ed,
+    as a probe checks the bytes read are the file's), and recorded; a recorded path gone is forgotten; a journal
+    line each, appended and ``fsync``-ed once a pass; the names reported. None of reloadd's other work:
+    no quiet period, no per-path queue or retry, no consumer call, no prune guard, no recovery (an overflow is
+    only counted: stats report it).
+    """
+    import collections
+    import ctypes
+    import hashlib
+    import stat
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    dirs: dict[int, str] = {}
+    records: dict[str, tuple[int, int, int, int]] = {}
+    for d, _, files in os.walk(root):
+        dirs[libc.inotify_add_watch(fd, os.fsencode(d), _IN_MASK)] = d + "/"
+        for name in files:
+            st = os.lstat(os.path.join(d, name))
+            if stat.S_ISREG(st.st_mode):
+                records[d + "/" + name] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    state.mkdir(parents=True, exist_ok=True)
+    journal = os.open(state / "journal", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    read: collections.deque[bytes] = collections.deque()
+    woke = threading.Event()
+    overflows = 0
+
+    def reader() -> None:
+        while True:
+            read.append(os.read(fd, 65536))
+            woke.set()
+
+    def command() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stats":
+                emit({"ev": "stats", "overflows": overflows, "records": len(records)})
+
+    threading.Thread(target=reader, name="floor-read", daemon=True).start()
+    threading.Thread(target=command, name="bench-stdin", daemon=True).start()
+    header = struct.Struct("iIII")
+    emit({"ev": "ready", "pid": os.getpid()})
+    last = 0.0
+    while True:
+        woke.wait()
+        time.sleep(max(0.0, last + FLOOR_STEP - time.monotonic()))
+        woke.clear()
+        last = time.monotonic()
+        chunks = []
+        while read:
+            chunks.append(read.popleft())
+        buf = b"".join(chunks)
+        paths: dict[str, None] = {}
+        off = 0
+        while off < len(buf):
+            wd, mask, _, length = header.unpack_from(buf, off)
+            name = buf[off + 16:off + 16 + length].rstrip(b"\0")
+            off += 16 + length
+            if mask & _IN_Q_OVERFLOW:
+                overflows += 1
+            elif name and not mask & _IN_ISDIR and wd in dirs:
+                paths[dirs[wd] + os.fsdecode(name)] = None
+        lines: list[str] = []
+        names: list[str] = []
+        for path in paths:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                if records.pop(path, None) is not None:
+                    lines.append(f'{{"p":{json.dumps(path)},"del":true}}')
+                    names.append(path.rpartition("/")[2])
+                continue
+            fp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if not stat.S_ISREG(st.st_mode) or records.get(path) == fp:
+                continue
+            try:
+                f = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                digest = hashlib.sha256(os.read(f, st.st_size)).hexdigest()
+                os.fstat(f)
+            finally:
+                os.close(f)
+            records[path] = fp
+            lines.append(f'{{"p":{json.dumps(path)},"r":{{"fp":[{fp[0]},{fp[1]},{fp[2]},{fp[3]}],"digest":"{digest}"}}}}')
+            names.append(path.rpartition("/")[2])
+        if lines:
+            os.write(journal, ("\n".join(lines) + "\n").encode())
+            os.fsync(journal)
+            emit({"ev": "batch", "t": time.monotonic(), "names": names})
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line and run one watcher until killed."""
     ap = argparse.ArgumentParser(prog="python -m bench.core._child")
-    ap.add_argument("kind", choices=["reloadd", "watchfiles"])
+    ap.add_argument("kind", choices=["reloadd", "watchfiles", "floor"])
     ap.add_argument("dir", type=Path)
     ap.add_argument("--state", type=Path)
     ap.add_argument("--quiet", type=float)
@@ -111,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     if a.kind == "reloadd":
         asyncio.run(run_reloadd(a.dir, a.state, a.quiet, a.max_delay))
+    elif a.kind == "floor":
+        run_floor(a.dir, a.state)
     else:
         asyncio.run(run_watchfiles(a.dir, a.step, a.debounce))
 

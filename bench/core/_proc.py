@@ -168,8 +168,8 @@ class Watcher:
         return None
 
     def ask_stats(self, timeout: float = 10.0) -> dict[str, Any] | None:
-        """Ask a reloadd child for its engine counters."""
-        if self.kind != "reloadd" or self.proc.stdin is None:
+        """Ask a reloadd child for its engine counters (a floor child: its overflows)."""
+        if self.kind not in ("reloadd", "floor") or self.proc.stdin is None:
             return None
         with self.cond:
             self.stats = None

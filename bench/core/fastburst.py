@@ -16,6 +16,11 @@ lowered to :data:`OVERFLOW_QUEUE` (16 events) (the kernel reads it when an inoti
 value is put back at once), then the *create* burst into empty folders: the kernel queue overflows.
 Every file must still be delivered, and reloadd's rescan must start within 100 ms of the overflow
 (its engine measures ``recovery_delay``, from reading the overflow to the rescan's start).
+
+*modify, Python floor*: the modify burst again, with the *floor* child in reloadd's place
+(:func:`bench.core._child.run_floor`: the least Python code that reads the events, stats, reads and hashes
+each changed file and journals it, as reloadd must) beside watchfiles: what the ratios to watchfiles cannot
+go below in CPython with reloadd's guarantees, measured in the same run.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any
 from ._proc import Watcher, cpu_seconds, memory_kib, probe_ready
 
 FOLDERS = 100
-SILENCE = {"reloadd": 45.0, "watchfiles": 10.0}
+SILENCE = {"reloadd": 45.0, "watchfiles": 10.0, "floor": 10.0}
 CAP = 300.0
 SETTLE_AFTER = 30.0  # seconds after following ends before the "after" memory is read
 OVERFLOW_QUEUE = 16  # fs.inotify.max_queued_events for the overflow burst's watchers
@@ -71,13 +76,14 @@ def populate(root: Path, first: int, n: int) -> None:
                    check=True, capture_output=True)
 
 
-def start_watchers(base: Path, tag: str, n: int) -> tuple[Path, list[Watcher]]:
-    """The tree with ``n`` files, and both watchers on it, armed (reloadd's start-up pass done)."""
+def start_watchers(base: Path, tag: str, n: int, first: str = "reloadd") -> tuple[Path, list[Watcher]]:
+    """The tree with ``n`` files, and both watchers on it, armed (reloadd's start-up pass done); ``first`` is
+    ``"floor"`` for the Python floor (:func:`bench.core._child.run_floor`) in reloadd's place."""
     root = base / tag / "watched"
     populate(root, 0, n)
     log = base / f"{tag}.log"
     watchers = [
-        Watcher.start("reloadd", "reloadd", root, log, "--state", str(base / tag / "state")),
+        Watcher.start(first, first, root, log, "--state", str(base / tag / "state")),
         Watcher.start("watchfiles", "watchfiles", root, log),
     ]
     try:
@@ -89,8 +95,10 @@ def start_watchers(base: Path, tag: str, n: int) -> tuple[Path, list[Watcher]]:
     return root, watchers
 
 
-def burst(root: Path, watchers: list[Watcher], mode: str, first: int, n: int, label: str = "") -> dict[str, Any]:
-    """Run one writer burst and follow both watchers until complete or silent."""
+def burst(root: Path, watchers: list[Watcher], mode: str, first: int, n: int, label: str = "",
+          settle: float | None = None) -> dict[str, Any]:
+    """Run one writer burst and follow both watchers until complete or silent; the memory "after" is read
+    ``settle`` seconds (default :data:`SETTLE_AFTER`) after following ends."""
     want = names(first, n)
     before = {w.label: memory_kib(w.pid) for w in watchers}
     cpu0 = {w.label: cpu_seconds(w.pid) for w in watchers}
@@ -117,7 +125,7 @@ def burst(root: Path, watchers: list[Watcher], mode: str, first: int, n: int, la
                 done[w.label] = now
     cpu = {w.label: cpu_seconds(w.pid) - cpu0[w.label] for w in watchers}
     peak = {w.label: memory_kib(w.pid) for w in watchers}
-    time.sleep(SETTLE_AFTER)
+    time.sleep(SETTLE_AFTER if settle is None else settle)
     result: dict[str, Any] = {"mode": label or mode, "files": n, "write_seconds": t1 - t0,
                               "writer_started_s": t0 - started, "watchers": {}}
     for w in watchers:
@@ -148,6 +156,12 @@ def run(base: Path, n: int, rep: int) -> list[dict[str, Any]]:
             burst(root, watchers, "create", n, n),
             burst(root, watchers, "delete", n, n),
         ]
+    finally:
+        for w in watchers:
+            w.stop()
+    root, watchers = start_watchers(base, f"floor{n}-{rep}", n, first="floor")
+    try:
+        out.append(burst(root, watchers, "modify", 0, n, label="modify, Python floor", settle=1.0))
     finally:
         for w in watchers:
             w.stop()
