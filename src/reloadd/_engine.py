@@ -768,8 +768,9 @@ class Engine:
             f = self._found[0]
             slot = self.slots.get(f.name)
             n = min(f.left, limit)
+            packed = slot.records.packed if slot is not None else {}  # a dict's own `in`, in C
             for key in itertools.islice(f.rest, n):
-                if slot is not None and (key in slot.records.by_str or slot.owns(key)):
+                if slot is not None and (key in packed or slot.owns(key)):
                     observe((f.name, key), now, reason=f.reason, forced=f.forced, verify=True, seen=f.seen[key],
                             since=f.when)
             limit -= n
@@ -937,9 +938,9 @@ class Engine:
     ) -> dict[Key, str]:
         """Deletions whose input looks lost (see :mod:`reloadd._prune`): held instead of handed over."""
         gone: dict[str, list[str]] = {}
+        slots = self.slots
         for key, _, fp, _, _ in released:
-            slot = self.slots.get(key[0])
-            if fp is None and slot is not None and key[1] in slot.records.by_str:
+            if fp is None and (slot := slots.get(key[0])) is not None and key[1] in slot.records.packed:
                 gone.setdefault(key[0], []).append(key[1])
         if not gone:
             return {}
