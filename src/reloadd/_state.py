@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ from ._packed import (
     fields_json,
     from_json,
     has_error,
-    journal_json,
+    members_json,
     pack_json,
     unpack,
 )
@@ -97,16 +98,12 @@ _str = json.encoder.encode_basestring_ascii  # what json.dumps uses for a str, i
 def _snapshot_chunks(gen: int, records: Iterable[tuple[str, bytes]], per_chunk: int = 2048) -> Iterator[bytes]:
     """The snapshot document of ``records`` (path, packed record), encoded a few thousand at a time."""
     yield f'{{"version":{_VERSION},"gen":{gen},"records":{{'.encode()
-    buf: list[str] = []
-    first = True
-    for key, rec in records:
-        buf.append(("" if first else ",") + _str(key) + ":" + journal_json(rec))
-        first = False
-        if len(buf) >= per_chunk:
-            yield "".join(buf).encode()
-            buf.clear()
-    buf.append("}}")
-    yield "".join(buf).encode()
+    members = members_json(records)
+    sep = ""
+    while chunk := list(itertools.islice(members, per_chunk)):
+        yield (sep + ",".join(chunk)).encode()
+        sep = ","
+    yield b"}}"
 
 
 _SHRINK_FROM = 4096

@@ -23,7 +23,7 @@ from reloadd._packed import (
     unpack,
     unpack_stat,
 )
-from reloadd._state import RecordStore
+from reloadd._state import _VERSION, RecordStore, _snapshot_chunks
 
 _ints = st.integers(min_value=0, max_value=2**63 - 1)
 _times = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -116,6 +116,20 @@ def test_an_acknowledged_path_is_recorded_and_journaled_in_the_state_format(fp, 
         third = RecordStore(Path(tmp) / "state")
         third.load()
         assert third.by_str[key] == PathRecord(fp, digest, None, None)
+
+
+@given(st.lists(_records, max_size=40), st.integers(min_value=1, max_value=7))
+def test_a_snapshot_is_the_text_json_dumps_gives_for_every_kind_of_record(recs, per_chunk) -> None:
+    """A compaction writes, whatever the records hold and however they are chunked, the document ``json.dumps``
+    gives (the common record takes a shorter way through the encoder)."""
+    records = [(f'/w/d "{i}"/f\u00e9{i}', pack_record(r)) for i, r in enumerate(recs)]
+    text = b"".join(_snapshot_chunks(3, records, per_chunk)).decode()
+    members = {}
+    for (key, _), r in zip(records, recs, strict=True):
+        fields = {"fp": list(r.fingerprint) if r.fingerprint is not None else None, "digest": r.digest,
+                  "data": r.data, "error": r.error}
+        members[key] = {k: v for k, v in fields.items() if v is not None}
+    assert text == json.dumps({"version": _VERSION, "gen": 3, "records": members}, separators=(",", ":"))
 
 
 def test_records_survive_a_restart_and_are_not_tracked_by_the_collector(tmp_path: Path) -> None:
