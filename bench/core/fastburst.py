@@ -39,6 +39,8 @@ FOLDERS = 100
 SILENCE = {"reloadd": 45.0, "watchfiles": 10.0, "floor": 10.0}
 CAP = 300.0
 SETTLE_AFTER = 30.0  # seconds after following ends before the "after" memory is read
+FLOOR_SUFFIX = ", Python floor"
+"""Ends the label of a burst run with the Python floor in reloadd's place."""
 OVERFLOW_QUEUE = 16  # fs.inotify.max_queued_events for the overflow burst's watchers
 _QUEUED = Path("/proc/sys/fs/inotify/max_queued_events")
 
@@ -161,7 +163,7 @@ def run(base: Path, n: int, rep: int) -> list[dict[str, Any]]:
             w.stop()
     root, watchers = start_watchers(base, f"floor{n}-{rep}", n, first="floor")
     try:
-        out.append(burst(root, watchers, "modify", 0, n, label="modify, Python floor", settle=1.0))
+        out.append(burst(root, watchers, "modify", 0, n, label="modify" + FLOOR_SUFFIX, settle=1.0))
     finally:
         for w in watchers:
             w.stop()

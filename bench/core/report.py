@@ -7,6 +7,7 @@ import statistics
 from typing import Any
 
 from ._proc import percentile, ratio
+from .fastburst import FLOOR_SUFFIX
 
 HOW_TO_RUN = """\
 # Core benchmarks: reloadd vs watchfiles
@@ -180,8 +181,7 @@ def burst_section(results: list[dict[str, Any]]) -> str:
                 f"| {_f(s.get('first_delivery_s', math.nan))} / {_f(s['last_delivery_s'])} | {_f(s['cpu_s'])} "
                 f"| {_mib(s.get('vmhwm'))} | {_mib(s.get('vmrss'))} | {s.get('threads', 'n/a')} | {ov} |"
             )
-    out += ["", "Ratios reloadd / watchfiles (for *modify, Python floor*: the floor / watchfiles), same burst, "
-            "median over the runs:", "",
+    out += ["", "Ratios reloadd / watchfiles, same burst, median over the runs:", "",
             "| files | runs | last delivery | CPU | VmHWM |", "|---|---|---|---|---|"]
     for n, m in _burst_medians(results).items():
         out.append(f"| {n:,} | {m['runs']:.0f} | {_x(m['last_ratio'])} | {_x(m['cpu_ratio'])} "
@@ -334,7 +334,7 @@ def fast_section(results: list[dict[str, Any]]) -> str:
             "median over the runs:", "",
             "| mode | runs | last delivery | CPU | reloadd RSS +30 s vs before |", "|---|---|---|---|---|"]
     for mode, m in _fast_medians(results).items():
-        growth = "n/a" if mode.endswith(", Python floor") else f"{100 * m['rss_growth']:+.1f} %"  # read 1 s after
+        growth = "n/a" if mode.endswith(FLOOR_SUFFIX) else f"{100 * m['rss_growth']:+.1f} %"  # read 1 s after
         out.append(f"| {mode} | {m['runs']:.0f} | {_x(m['last_ratio'])} | {_x(m['cpu_ratio'])} | {growth} |")
     return "\n".join(out)
 
@@ -364,7 +364,7 @@ def targets_section(data: dict[str, Any]) -> str:
                          f"{m['recovery_p50_ms']:.0f} / {m['recovery_ms']:.0f} ms", "≤ 100 ms",
                          _ok(m["recovery_ms"], 100.0)))
             continue
-        if mode.endswith(", Python floor"):
+        if mode.endswith(FLOOR_SUFFIX):
             continue  # beside its burst's rows
         rows.append((f"{m['files']:,} {mode} burst, writer process: last delivery / watchfiles",
                      f"{m['last_rd']:.1f} s / {m['last_wf']:.1f} s", _x(m["last_ratio"]), "≤ 1.00×",
@@ -372,7 +372,7 @@ def targets_section(data: dict[str, Any]) -> str:
         rows.append((f"{m['files']:,} {mode} burst, writer process: CPU / watchfiles",
                      f"{m['cpu_rd']:.1f} s / {m['cpu_wf']:.1f} s", _x(m["cpu_ratio"]), "≤ 2.00×",
                      _ok(m["cpu_ratio"], 2.0)))
-        floor = fast.get(f"{mode}, Python floor")
+        floor = fast.get(mode + FLOOR_SUFFIX)
         if floor is not None:
             rows.append(("… the least the same work costs in Python (read the events; stat, read and hash each "
                          "changed file; journal it), its own run: last delivery / watchfiles",
