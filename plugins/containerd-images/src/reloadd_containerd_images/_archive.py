@@ -21,6 +21,7 @@ import bz2
 import contextlib
 import gzip
 import hashlib
+import os
 import posixpath
 import queue
 import tarfile
@@ -79,6 +80,8 @@ class Member:
     name: str
     size: int
     link: str = ""
+    offset: int = -1
+    """Where a regular member's data starts in the file (an uncompressed tar), else -1."""
 
 
 class _Stop(Exception):
@@ -120,6 +123,7 @@ class ArchiveReader:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: Member | None = None  # posted, not yet read or skipped
         self._in_member = False
+        self._fd = -1  # the thread's open file, while it walks
 
     async def __aenter__(self) -> ArchiveReader:
         self._loop = asyncio.get_running_loop()
@@ -161,6 +165,15 @@ class ArchiveReader:
     def seekable(self) -> bool:
         """Whether members can be read twice (an uncompressed tar)."""
         return not self.compression
+
+    def dup_fd(self) -> int:
+        """A new descriptor of the open tarball (the caller closes it), to read members by offset.
+
+        Only for :attr:`seekable` archives, between entering and leaving the context.
+        """
+        if not self.seekable or self._fd < 0:
+            raise RuntimeError("no seekable archive open")
+        return os.dup(self._fd)
 
     async def digest(self) -> tuple[str, bytes]:
         """SHA-256 and first 16 bytes of the current member, read in the thread.
@@ -226,7 +239,11 @@ class ArchiveReader:
     def _run(self) -> None:
         try:
             with open(self.path, "rb") as f:
-                self._walk(f)
+                self._fd = f.fileno()
+                try:
+                    self._walk(f)
+                finally:
+                    self._fd = -1
         except _Stop:
             pass
         except BaseException as exc:
@@ -262,7 +279,7 @@ class ArchiveReader:
                     continue
                 if not m.isreg():
                     continue
-                self._post("member", Member(name, m.size))
+                self._post("member", Member(name, m.size, offset=-1 if self.compression else m.offset_data))
                 while (cmd := self._cmds.get()) == "hash":
                     self._hash(tf, m)
                 if cmd == "stop":

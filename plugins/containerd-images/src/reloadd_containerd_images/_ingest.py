@@ -6,6 +6,10 @@ named ``blobs/sha256/<hex>`` are written with that digest as ``expected``: conta
 skips blobs it has (no data read or sent) and verifies the others. For a docker archive
 (``manifest.json``) a Docker schema 2 manifest per entry and an OCI index are synthesised,
 byte-identical to containerd's, so digests equal ``ctr images import``'s.
+
+Small members are written beside the walk (:data:`BESIDE` at once). In an uncompressed archive the larger
+ones (the layers) are too, :data:`LAYERS` at once, each read by its offset (:mod:`._ranges`): containerd
+takes two streams faster than one (46 MB on 1.7: ingest 0.25 s against 0.30, medians of 6 pairs).
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ import asyncio
 import functools
 import hashlib
 import json
+import os
 import posixpath
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from ._archive import ArchiveReader, Member, detect_compression
 from ._client import ContainerdClient, Descriptor
@@ -39,6 +44,7 @@ from ._oci import (
     ref_name_annotation,
     sha256_digest,
 )
+from ._ranges import RangeSource, hash_range
 
 __all__ = ["JSON_LIMIT", "Ingested", "ingest"]
 
@@ -50,6 +56,9 @@ CACHE_LIMIT = 64 << 20
 """Bytes of small JSON blobs kept in memory per import; beyond that they are read back."""
 BESIDE = 8
 """Small blobs written at once beside the streaming of the next members (each holds at most :data:`SMALL`)."""
+LAYERS = 2
+"""Larger members of an uncompressed archive hashed and streamed at once, each read by its offset."""
+T = TypeVar("T")
 _BLOB_PATH = re.compile(r"blobs/sha256/([0-9a-f]{64})")
 _DOCKER_V1 = re.compile(r"repositories|[0-9a-f]{64}/(?:json|VERSION)")
 
@@ -154,7 +163,17 @@ async def ingest(
         heads[m.name] = head
         blobs[m.name] = Descriptor("", digest, m.size)
 
-    beside = _Beside()
+    layers_read = 0
+
+    def landed(m: Member, got: tuple[WriteResult, bytes]) -> None:
+        nonlocal layers_read
+        keep(m, got[0].digest, got[1])
+        committed(got[0])
+        layers_read += got[0].bytes_sent  # as the reader counts: bytes read to be sent
+
+    beside: _Beside[WriteResult] = _Beside(BESIDE)
+    layers: _Beside[tuple[WriteResult, bytes]] = _Beside(LAYERS)
+    shared_fd = -1  # the tarball, read by offset by the layers' writes (pread: one descriptor serves all)
     try:
         async with ArchiveReader(path) as reader:
             res.compression = reader.compression
@@ -197,6 +216,14 @@ async def ingest(
                         write = functools.partial(write_blob, client, ref, len(data), digest, BytesSource(data), lease)
                         await beside.start(write, committed)
                     continue
+                if m.offset >= 0 and not dry_run:
+                    # An uncompressed archive: the member is a range of the file, hashed (when its name
+                    # does not give its digest) and streamed beside the walk and the members after it.
+                    if shared_fd < 0:
+                        shared_fd = reader.dup_fd()
+                    stream = functools.partial(_write_range, client, shared_fd, m, ref, expected, lease)
+                    await layers.start(stream, functools.partial(landed, m))
+                    continue
                 if dry_run:
                     wr, head = await _hash_member(reader, m, expected)
                 else:
@@ -204,10 +231,15 @@ async def ingest(
                 keep(m, wr.digest, head)
                 committed(wr)
                 beside.check()
+                layers.check()
             await beside.finish()
-            res.bytes_read = reader.bytes_read
+            await layers.finish()
+            res.bytes_read = reader.bytes_read + layers_read
     finally:
         await beside.close()
+        await layers.close()
+        if shared_fd >= 0:
+            os.close(shared_fd)
     for name, target in links.items():
         if target in blobs:
             blobs[name] = blobs[target]
@@ -270,18 +302,34 @@ async def _write_member(
     return wr, src.head
 
 
-class _Beside:
-    """Writes of small blobs (read whole), each run beside the reading and streaming of the members after it.
+async def _write_range(
+    client: ContainerdClient, fd: int, m: Member, ref: str, expected: str, lease: str
+) -> tuple[WriteResult, bytes]:
+    """Stream a member of an uncompressed archive by its offset in ``fd`` (see :func:`_write_member`)."""
+    head = b""
+    if not expected:
+        # A docker-archive layer: hashed first (a local read) so a layer containerd already has is not sent.
+        expected, head = await hash_range(fd, m.name, m.offset, m.size)
+    src = RangeSource(fd, m.name, m.offset, m.size)
+    try:
+        wr = await write_blob(client, ref, m.size, expected, src, lease)
+    finally:
+        await src.close()
+    return wr, head or src.head
 
-    At most :data:`BESIDE` at once. A failed write's error comes out at the next :meth:`start`, :meth:`check`
-    or :meth:`finish`; :meth:`close` cancels what still runs and waits for it.
+
+class _Beside(Generic[T]):
+    """Writes run beside the reading and streaming of the members after them, at most ``slots`` at once.
+
+    A failed write's error comes out at the next :meth:`start`, :meth:`check` or :meth:`finish`;
+    :meth:`close` cancels what still runs and waits for it.
     """
 
-    def __init__(self) -> None:
-        self._slots = asyncio.Semaphore(BESIDE)
+    def __init__(self, slots: int) -> None:
+        self._slots = asyncio.Semaphore(slots)
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def start(self, write: Callable[[], Awaitable[WriteResult]], done: Callable[[WriteResult], None]) -> None:
+    async def start(self, write: Callable[[], Awaitable[T]], done: Callable[[T], None]) -> None:
         """Run ``write()`` beside the caller (once a slot is free); ``done`` gets its result."""
         self.check()
         await self._slots.acquire()
