@@ -3,6 +3,7 @@
     python -m bench.core._child reloadd DIR --state STATE [--quiet S --max-delay S]
     python -m bench.core._child watchfiles DIR [--step MS --debounce MS]
     python -m bench.core._child floor DIR --state STATE
+    python -m bench.core._child idlefloor DIR
 
 Lines written: ``{"ev": "ready", "pid": N}`` once, then ``{"ev": "batch", "t": T, "names": [...]}``
 per batch, where ``T`` is ``time.monotonic()`` (CLOCK_MONOTONIC, shared by every process
@@ -11,7 +12,8 @@ benchmarks use flat directories). A line ``stats`` on stdin makes the reloadd ch
 ``{"ev": "stats", ...}`` with its engine and queue counters.
 
 The watchfiles child never imports reloadd, so its memory figures are its own; nor does the *floor* child
-(:func:`run_floor`), the least Python code doing the work reloadd does for each changed file.
+(:func:`run_floor`), the least Python code doing the work reloadd does for each changed file, nor the *idle
+floor* (:func:`run_idle_floor`), the least doing what an idle reloadd does.
 """
 
 from __future__ import annotations
@@ -206,10 +208,64 @@ def run_floor(root: Path, state: Path) -> None:
             emit({"ev": "batch", "t": time.monotonic(), "names": names})
 
 
+IDLE_INTERVAL = 15.0
+"""Seconds between the idle floor's passes: reloadd's ``rescan_interval`` default."""
+IDLE_SHARES = 4
+"""Passes over which the idle floor stats every file once: reloadd's ``full_rescan_interval`` / ``rescan_interval``."""
+
+
+async def run_idle_floor(root: Path, interval: float = IDLE_INTERVAL, shares: int = IDLE_SHARES) -> None:
+    """The least Python code doing what an idle reloadd does over a tree (a yardstick for the idle figure).
+
+    An asyncio loop (reloadd's runtime), an inotify watch on each directory and a thread blocked reading it
+    (nothing changes: it never wakes), and every ``interval`` s, as reloadd's periodic rescan at its defaults:
+    each directory opened and ``fstat``-ed; the one whose turn it is (its inode modulo ``shares``) listed and
+    each name in it ``lstat``-ed and compared with the fingerprint recorded at start, so every file is stat-ed
+    once in ``shares`` passes. None of reloadd's other work (no thread hand-off for the walk, no records
+    beyond a dict of tuples, no state, no trim). Nothing of reloadd imported.
+    """
+    import ctypes
+    import stat
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    records: dict[str, tuple[int, int, int, int]] = {}
+    dirs: list[str] = []
+    for d, _, files in os.walk(root):
+        libc.inotify_add_watch(fd, os.fsencode(d), _IN_MASK)
+        dirs.append(d)
+        for name in files:
+            st = os.lstat(os.path.join(d, name))
+            if stat.S_ISREG(st.st_mode):
+                records[d + "/" + name] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    threading.Thread(target=lambda: os.read(fd, 65536), name="floor-read", daemon=True).start()
+    emit({"ev": "ready", "pid": os.getpid()})
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    tick = 0
+    while True:
+        await asyncio.sleep(interval)
+        differing = 0
+        for d in dirs:
+            dfd = os.open(d, flags)
+            try:
+                if os.fstat(dfd).st_ino % shares != tick % shares:
+                    continue
+                prefix = d + "/"
+                for name in os.listdir(dfd):
+                    st = os.lstat(name, dir_fd=dfd)
+                    if records.get(prefix + name) != (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+                        differing += 1
+            finally:
+                os.close(dfd)
+        tick += 1
+        if differing:
+            emit({"ev": "batch", "t": time.monotonic(), "names": []})
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line and run one watcher until killed."""
     ap = argparse.ArgumentParser(prog="python -m bench.core._child")
-    ap.add_argument("kind", choices=["reloadd", "watchfiles", "floor"])
+    ap.add_argument("kind", choices=["reloadd", "watchfiles", "floor", "idlefloor"])
     ap.add_argument("dir", type=Path)
     ap.add_argument("--state", type=Path)
     ap.add_argument("--quiet", type=float)
@@ -222,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(run_reloadd(a.dir, a.state, a.quiet, a.max_delay))
     elif a.kind == "floor":
         run_floor(a.dir, a.state)
+    elif a.kind == "idlefloor":
+        asyncio.run(run_idle_floor(a.dir))
     else:
         asyncio.run(run_watchfiles(a.dir, a.step, a.debounce))
 

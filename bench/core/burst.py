@@ -43,6 +43,15 @@ def start_watchers(base: Path, tag: str) -> tuple[Path, list[Watcher]]:
     return root, watchers
 
 
+IDLE_FLOOR = "Python floor"
+"""The idle windows' third process (``bench.core._child idlefloor``): what reloadd's idle duty costs at least."""
+
+
+def start_idle_floor(base: Path, root: Path) -> Watcher:
+    """The idle floor on ``root``, started (its first pass comes 15 s later, inside the first window)."""
+    return Watcher.start(IDLE_FLOOR, "idlefloor", root, base / "idle-floor.log")
+
+
 def create(root: Path, n: int) -> tuple[float, float]:
     """Create ``f000000`` … in ``root`` as fast as possible; return (start, end) monotonic."""
     payload = b"x" * 64

@@ -133,8 +133,12 @@ def suite(base: Path, plan: dict[str, Any], only: set[str], data: dict[str, Any]
                     if n == plan["bursts"][0] and rep == 0 and "idle" in only:
                         _say(f"idle: {plan['idle_reps']} windows of {plan['idle_s']:.0f} s with {n:,} files")
                         time.sleep(3)  # let the last state flush and thread hand-offs finish
-                        windows = [attempt("idle", burst.idle, watchers, plan["idle_s"])
-                                   for _ in range(plan["idle_reps"])]
+                        floor = burst.start_idle_floor(base, root)
+                        try:
+                            windows = [attempt("idle", burst.idle, [*watchers, floor], plan["idle_s"])
+                                       for _ in range(plan["idle_reps"])]
+                        finally:
+                            floor.stop()
                         if all(w is not None for w in windows):
                             data["idle"] = {"files": n, "windows": windows}
                 finally:
