@@ -229,9 +229,10 @@ def idle_section(r: dict[str, Any]) -> str:
                 "thread blocked on it, and every 15 s each directory `fstat`-ed and the one whose turn it is listed "
                 "and every file in it `lstat`-ed and compared, so every file is stat-ed once a minute. Nothing of "
                 f"reloadd imported. Median {fl['cpu_pct']:.2f} % of a core; reloadd / floor: CPU "
-                f"{_x(ratio(rd['cpu_s'], fl['cpu_s']))}. On a virtual machine a process is also charged for waking "
-                "after a sleep (measured here as ~2-3 ms of CPU per second slept, for a process that did nothing "
-                "but sleep), which this row shows as well."]
+                f"{_x(ratio(rd['cpu_s'], fl['cpu_s']))}. On a virtual machine each thread is also charged for waking "
+                "after a sleep (measured on this machine at 1-3 ms of CPU per second slept, charged as the thread "
+                "wakes, for a Python process that did nothing but sleep): this row bears it for one thread, "
+                "reloadd for each of its threads that wakes in a window (the loop's, and the walk's worker)."]
     return "\n".join(out)
 
 

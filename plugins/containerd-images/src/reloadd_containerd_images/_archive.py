@@ -2,7 +2,8 @@
 
 A worker thread opens the file, detects its compression by magic bytes (gzip, zstd,
 bzip2, lz4 frame or none), and walks the tar sequentially. For each regular member it
-posts the name and size, then waits to be told whether to *read* the member (chunks go
+posts the name and size (and, in an uncompressed tar, where its data starts: :meth:`ArchiveReader.dup_fd`
+lets it be read by offset beside the walk), then waits to be told whether to *read* the member (chunks go
 through a bounded hand-off, at most ``depth`` chunks buffered) or *skip* it (for an
 uncompressed tar that is a seek, so blobs containerd already has are never read).
 
