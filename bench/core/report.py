@@ -224,7 +224,7 @@ def idle_section(r: dict[str, Any]) -> str:
             f"wakeups {_x(ratio(rd['wakeups_per_s'], wf['wakeups_per_s']))}."]
     fl = med.get(IDLE_FLOOR)
     if fl is not None:
-        out += ["", f"The {IDLE_FLOOR.lower()} (`python -m bench.core._child idlefloor`) is the least Python code "
+        out += ["", f"The *{IDLE_FLOOR}* rows (`python -m bench.core._child idlefloor`) are the least Python code "
                 "doing what an idle reloadd does, in the same windows: an asyncio loop, an inotify descriptor with a "
                 "thread blocked on it, and every 15 s each directory `fstat`-ed and the one whose turn it is listed "
                 "and every file in it `lstat`-ed and compared, so every file is stat-ed once a minute. Nothing of "
