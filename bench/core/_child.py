@@ -110,6 +110,26 @@ FLOOR_STEP = 0.05
 so a slow writer is not answered with one each few files."""
 
 
+def _watch_tree(root: Path) -> tuple[int, dict[int, str], dict[str, tuple[int, int, int, int]]]:
+    """What both floors start from, without reloadd: an inotify descriptor (ctypes) watching every directory
+    under ``root`` with reloadd's mask, each watch's directory (``wd -> "dir/"``), and the fingerprint of every
+    regular file."""
+    import ctypes
+    import stat
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    dirs: dict[int, str] = {}
+    records: dict[str, tuple[int, int, int, int]] = {}
+    for d, _, files in os.walk(root):
+        dirs[libc.inotify_add_watch(fd, os.fsencode(d), _IN_MASK)] = d + "/"
+        for name in files:
+            st = os.lstat(os.path.join(d, name))
+            if stat.S_ISREG(st.st_mode):
+                records[d + "/" + name] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return fd, dirs, records
+
+
 def run_floor(root: Path, state: Path) -> None:
     """The least Python code doing, for each file a burst changes, the work reloadd guarantees (a yardstick).
 
@@ -122,21 +142,11 @@ def run_floor(root: Path, state: Path) -> None:
     only counted: stats report it).
     """
     import collections
-    import ctypes
     import hashlib
     import stat
     import struct
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.inotify_init1(os.O_CLOEXEC)
-    dirs: dict[int, str] = {}
-    records: dict[str, tuple[int, int, int, int]] = {}
-    for d, _, files in os.walk(root):
-        dirs[libc.inotify_add_watch(fd, os.fsencode(d), _IN_MASK)] = d + "/"
-        for name in files:
-            st = os.lstat(os.path.join(d, name))
-            if stat.S_ISREG(st.st_mode):
-                records[d + "/" + name] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    fd, dirs, records = _watch_tree(root)
     state.mkdir(parents=True, exist_ok=True)
     journal = os.open(state / "journal", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     read: collections.deque[bytes] = collections.deque()
@@ -224,20 +234,8 @@ async def run_idle_floor(root: Path, interval: float = IDLE_INTERVAL, shares: in
     once in ``shares`` passes. None of reloadd's other work (no thread hand-off for the walk, no records
     beyond a dict of tuples, no state, no trim). Nothing of reloadd imported.
     """
-    import ctypes
-    import stat
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.inotify_init1(os.O_CLOEXEC)
-    records: dict[str, tuple[int, int, int, int]] = {}
-    dirs: list[str] = []
-    for d, _, files in os.walk(root):
-        libc.inotify_add_watch(fd, os.fsencode(d), _IN_MASK)
-        dirs.append(d)
-        for name in files:
-            st = os.lstat(os.path.join(d, name))
-            if stat.S_ISREG(st.st_mode):
-                records[d + "/" + name] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    fd, watched, records = _watch_tree(root)
+    dirs = [prefix[:-1] for prefix in watched.values()]
     threading.Thread(target=lambda: os.read(fd, 65536), name="floor-read", daemon=True).start()
     emit({"ev": "ready", "pid": os.getpid()})
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC

@@ -122,3 +122,21 @@ async def test_a_file_replaced_while_its_layers_stream_is_read_as_it_was_opened(
     img = await h.consumer.client.get_image("example.com/first:v1")
     assert img is not None and img.target.digest == first[0].target.digest
     assert await h.consumer.client.list_leases() == []
+
+
+@pytest.mark.parametrize("kind", sorted(WRITERS))
+async def test_a_plan_of_an_uncompressed_archive_names_what_its_import_writes(
+    kind: str, ctd: Containerd, harness: Callable[..., Harness]
+) -> None:
+    from datetime import timedelta
+
+    h = harness()
+    p = h.root / "planned.tar"
+    WRITERS[kind](p, [_spec(f"planned{kind}", 3)])
+    planned = await _ingest.ingest(h.consumer.client, p, "", dry_run=True)  # `reloadd plan`: hashes, writes nothing
+    assert await h.consumer.client.list_ingests() == []
+    lease = await h.consumer.client.create_lease(timedelta(minutes=5), {})
+    done = await _ingest.ingest(h.consumer.client, p, lease)
+    assert planned.index == done.index
+    assert planned.written == done.written
+    assert done.bytes_sent > 3 * (3 << 20) and planned.bytes_sent == 0

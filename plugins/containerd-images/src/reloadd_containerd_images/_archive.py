@@ -21,7 +21,6 @@ import asyncio
 import bz2
 import contextlib
 import gzip
-import hashlib
 import os
 import posixpath
 import queue
@@ -164,7 +163,7 @@ class ArchiveReader:
 
     @property
     def seekable(self) -> bool:
-        """Whether members can be read twice (an uncompressed tar)."""
+        """Whether members can be read by their offsets (an uncompressed tar: :meth:`dup_fd`)."""
         return not self.compression
 
     def dup_fd(self) -> int:
@@ -175,22 +174,6 @@ class ArchiveReader:
         if not self.seekable or self._fd < 0:
             raise RuntimeError("no seekable archive open")
         return os.dup(self._fd)
-
-    async def digest(self) -> tuple[str, bytes]:
-        """SHA-256 and first 16 bytes of the current member, read in the thread.
-
-        The member can still be read or skipped afterwards.
-
-        Only for :attr:`seekable` archives.
-        """
-        if self._pending is None or not self.seekable:
-            raise RuntimeError("no member to hash")
-        self._cmds.put("hash")
-        kind, value = await self._items.get()
-        if kind == "error":
-            self._pending = None
-            raise value
-        return value  # type: ignore[no-any-return]
 
     async def begin(self) -> None:
         """Start reading the current member's data."""
@@ -281,26 +264,12 @@ class ArchiveReader:
                 if not m.isreg():
                     continue
                 self._post("member", Member(name, m.size, offset=-1 if self.compression else m.offset_data))
-                while (cmd := self._cmds.get()) == "hash":
-                    self._hash(tf, m)
+                cmd = self._cmds.get()
                 if cmd == "stop":
                     raise _Stop
                 if cmd == "read":
                     self._pump(tf, m)
         self._post("eof")
-
-    def _hash(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
-        src = tf.extractfile(m)
-        assert src is not None
-        h = hashlib.sha256()
-        head = b""
-        try:
-            while data := src.read(self.chunk):
-                h.update(data)
-                head = head or data[:16]
-        except (tarfile.TarError, EOFError, OSError) as exc:
-            raise _classify(exc, f"reading {m.name}") from exc
-        self._post("digest", ("sha256:" + h.hexdigest(), head))
 
     def _pump(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         src = tf.extractfile(m)

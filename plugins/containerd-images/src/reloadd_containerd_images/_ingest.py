@@ -82,9 +82,9 @@ class Ingested:
 class _MemberSource:
     """A :class:`ChunkSource` over the current tar member that keeps its first bytes."""
 
-    def __init__(self, reader: ArchiveReader, head: bytes = b"") -> None:
+    def __init__(self, reader: ArchiveReader) -> None:
         self.reader = reader
-        self.head = head
+        self.head = b""
 
     async def begin(self) -> None:
         await self.reader.begin()
@@ -216,16 +216,16 @@ async def ingest(
                         write = functools.partial(write_blob, client, ref, len(data), digest, BytesSource(data), lease)
                         await beside.start(write, committed)
                     continue
+                if m.offset >= 0 and shared_fd < 0:
+                    shared_fd = reader.dup_fd()
                 if m.offset >= 0 and not dry_run:
                     # An uncompressed archive: the member is a range of the file, hashed (when its name
                     # does not give its digest) and streamed beside the walk and the members after it.
-                    if shared_fd < 0:
-                        shared_fd = reader.dup_fd()
                     stream = functools.partial(_write_range, client, shared_fd, m, ref, expected, lease)
                     await layers.start(stream, functools.partial(landed, m))
                     continue
                 if dry_run:
-                    wr, head = await _hash_member(reader, m, expected)
+                    wr, head = await _hash_member(reader, m, expected, shared_fd)
                 else:
                     wr, head = await _write_member(client, reader, m, ref, expected, lease)
                 keep(m, wr.digest, head)
@@ -268,16 +268,17 @@ async def _read_small(reader: ArchiveReader, m: Member, expected: str) -> tuple[
     return data, actual
 
 
-async def _hash_member(reader: ArchiveReader, m: Member, expected: str) -> tuple[WriteResult, bytes]:
-    """What :func:`_write_member` would write, found reading only."""
+async def _hash_member(reader: ArchiveReader, m: Member, expected: str, fd: int) -> tuple[WriteResult, bytes]:
+    """What :func:`_write_member` or :func:`_write_range` would write, found reading only (``fd``: the
+    tarball's, when the member can be read by its offset)."""
     if expected:  # only its first bytes (a docker layer's compression): the import verifies the rest
         src = _MemberSource(reader)
         await src.begin()
         while len(src.head) < 16 and await src.read():
             pass
         return WriteResult(expected, 0, False), src.head
-    if reader.seekable:
-        digest, head = await reader.digest()
+    if m.offset >= 0:
+        digest, head = await hash_range(fd, m.name, m.offset, m.size)
         return WriteResult(digest, 0, False), head
     src = _MemberSource(reader)
     await src.begin()
@@ -290,14 +291,9 @@ async def _hash_member(reader: ArchiveReader, m: Member, expected: str) -> tuple
 async def _write_member(
     client: ContainerdClient, reader: ArchiveReader, m: Member, ref: str, expected: str, lease: str
 ) -> tuple[WriteResult, bytes]:
-    """Stream a member bigger than :data:`SMALL` into containerd."""
-    if not expected and reader.seekable:
-        # A docker-archive layer: hash it first (a local read) so a layer containerd
-        # already has is not sent again.
-        expected, head = await reader.digest()
-        src = _MemberSource(reader, head)
-    else:
-        src = _MemberSource(reader)
+    """Stream a member bigger than :data:`SMALL` of a compressed archive into containerd (read once, through
+    the reader: an uncompressed archive's go by their offsets, :func:`_write_range`)."""
+    src = _MemberSource(reader)
     wr = await write_blob(client, ref, m.size, expected, src, lease)
     return wr, src.head
 
