@@ -102,7 +102,8 @@ def _bare_walk_once(root: Path) -> float:
 def _floor_walk_once(root: Path) -> float:
     """CPU of the least any stat walk costs in Python: each directory listed from its descriptor and each name
     ``lstat``-ed relative to it, nothing kept (no path, no fingerprint, no filter). What a full rescan's ratio to
-    ``find`` cannot go below in CPython (the ``stat_result`` built per name is most of it)."""
+    ``find`` cannot go below in CPython (here 100,000 ``lstat`` calls cost ~115 ms of system time and ~50 of user,
+    the ``stat_result`` built per name included; ``find``: ~110 and ~80)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     c0 = time.process_time()
     stack = [str(root)]
