@@ -267,7 +267,7 @@ def rescan_section(results: list[dict[str, Any]]) -> str:
             if m is None:
                 continue
             c, w = m["cpu"], m["wall"]
-            x = r["find_ratio"] if kind == "full" and "find_ratio" in r else ratio(c["p50"], find)
+            x = _find_ratio(r, kind, c["p50"], find)
             out.append(
                 f"| {r['files']:,} | {kind} | {m['records']:,} | {m['initial_sync_s']:.1f} | {c['n']} "
                 f"| {_ms(c['p50'])} | {_ms(c['p99'])} | {_ms(w['p50'])} | {_ms(w['p99'])} "
@@ -276,6 +276,12 @@ def rescan_section(results: list[dict[str, Any]]) -> str:
                 f"| {_ms(find)} | {_x(x)} | {m['reobserved']} |"
             )
     return "\n".join(out)
+
+
+def _find_ratio(r: dict[str, Any], kind: str, cpu: float, find: float) -> float:
+    """A rescan's CPU / find: for a full one the median of the per-pair ratios (each rescan and the ``find`` after
+    it) when the run has them, else (a covered one, an older run) its median CPU over find's."""
+    return float(r["find_ratio"]) if kind == "full" and "find_ratio" in r else ratio(cpu, find)
 
 
 def _ok(value: float, limit: float) -> str:
@@ -410,8 +416,7 @@ def targets_section(data: dict[str, Any]) -> str:
             rows.append((f"{kind} rescan of {r['files']:,} acknowledged files: CPU",
                          f"{_ms(c)} ms / find {_ms(find)} ms", f"{_ms(c)} ms", "", ""))
             limit = 1.3 if kind == "full" and big_tree else 3.0
-            # Full: the median of the per-pair ratios (each rescan and the find after it), when the run has them.
-            x = r["find_ratio"] if kind == "full" and "find_ratio" in r else ratio(c, find)
+            x = _find_ratio(r, kind, c, find)
             rows.append((f"{kind} rescan of {r['files']:,}: CPU / find", "", _x(x), f"≤ {limit:.2f}×", _ok(x, limit)))
         floor = r.get("floor_cpu", {}).get("p50", math.nan)
         if big_tree and not math.isnan(floor):

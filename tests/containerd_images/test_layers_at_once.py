@@ -7,6 +7,7 @@ import contextlib
 import gc
 import os
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +129,6 @@ async def test_a_file_replaced_while_its_layers_stream_is_read_as_it_was_opened(
 async def test_a_plan_of_an_uncompressed_archive_names_what_its_import_writes(
     kind: str, ctd: Containerd, harness: Callable[..., Harness]
 ) -> None:
-    from datetime import timedelta
-
     h = harness()
     p = h.root / "planned.tar"
     WRITERS[kind](p, [_spec(f"planned{kind}", 3)])
