@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build kube-apiserver and kube-controller-manager v1.20.2 for reloadd's integration tests.
+# Build kube-apiserver, kube-controller-manager, kube-scheduler and the kubelet v1.20.2 for reloadd's
+# integration tests (the kubelet and scheduler make the test bed a real node: they run what reloadd delivered).
 #
 # Source: Debian bookworm's `kubernetes` SOURCE package (the full upstream tree, vendor/ included),
 # compiled with Debian's Go. Only Debian's package registry is used, through apt-get.
@@ -7,14 +8,14 @@
 #   OUT=/var/cache/reloadd/kube-v1.20.2 bash scripts/infra/build-kube-apiserver.sh
 #
 # Idempotent: exits at once when $OUT already holds both binaries and they report v1.20.2.
-# Takes ~7-10 min on 2 cores and ~2.5 GB of scratch space (in $TMPDIR, removed afterwards).
+# Takes ~10-13 min on 2 cores and ~2.5 GB of scratch space (in $TMPDIR, removed afterwards).
 set -euo pipefail
 
 OUT=${OUT:-/var/cache/reloadd/kube-v1.20.2}
 VERSION=v1.20.2
 SRC_PKG='kubernetes=1.20.5+really1.20.2-1.1+deb12u1'
 ORIG_TARBALL=kubernetes_1.20.5+really1.20.2.orig.tar.gz
-BINARIES=(kube-apiserver kube-controller-manager)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 
 cached_ok() {
   local b
@@ -85,7 +86,7 @@ export KUBE_GIT_VERSION=$VERSION KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20 KUBE_GIT_TRE
 mkdir -p .go/src/k8s.io "$HOME"
 [ -L .go/src/k8s.io/kubernetes ] || ln -s ../../.. .go/src/k8s.io/kubernetes
 echo "building ${BINARIES[*]} (several minutes)"
-make WHAT="cmd/kube-apiserver cmd/kube-controller-manager"
+make WHAT="cmd/kube-apiserver cmd/kube-controller-manager cmd/kube-scheduler cmd/kubelet"
 
 # Install atomically so an interrupted copy never looks like a valid cache.
 mkdir -p "$OUT"
