@@ -61,7 +61,18 @@ class WatchLimitError(WatchError):
 
 
 class StateError(ReloaddError):
-    """The state directory could not be read or written."""
+    """The state directory could not be read or written.
+
+    Attributes:
+        path: The file concerned, when known.
+        cause: The cause alone (``No space left on device``), when known: what persist failures are
+            counted and rate-limited by.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.cause = cause
 
 
 class PlanUnsupportedError(ReloaddError):

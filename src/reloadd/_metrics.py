@@ -202,6 +202,16 @@ class ReloaderCollector:
             "drifted": Family(
                 "reloadd_drifted_paths", gauge, "Files whose declared state has drifted and is not restored "
                 "(detect mode, or a fight being backed off).", lab),
+            "werr": Family(
+                "reloadd_state_write_errors", counter, "Writes of the consumer's persisted state (records, held "
+                "removals) that failed: disk full, read-only, I/O error. It keeps delivering meanwhile.", lab),
+            "unpersisted": Family(
+                "reloadd_state_unpersisted_seconds", gauge, "Seconds since the consumer's state was last "
+                "persisted, while its writes fail (0 while persisted): a restart would hand over again what it "
+                "acknowledged since.", lab),
+            "aside": Family(
+                "reloadd_state_files_set_aside", counter, "State files found unreadable at start and moved aside "
+                "(named <file>.broken-<UTC time>); the consumer started from the safest assumption.", lab),
             "held": Family(
                 "reloadd_consumer_held_paths", gauge, "Paths settling for longer than max_delay (open for writing, "
                 "still growing): nothing waits for them any more; handed over at max_hold.", lab),
@@ -223,6 +233,9 @@ class ReloaderCollector:
             fam["prune_paths"].add((name,), c.prune_held_paths)
             fam["held"].add((name,), c.held_paths)
             fam["drifted"].add((name,), c.drifted)
+            fam["werr"].add((name,), c.state_write_errors)
+            fam["unpersisted"].add((name,), c.state_unpersisted_seconds)
+            fam["aside"].add((name,), c.state_set_aside)
             fam["leader"].add((name,), c.stats.get("leader", 1.0))
             for kind, n in sorted(c.drift_total.items()):
                 fam["drift"].add((name, kind), n)

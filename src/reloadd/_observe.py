@@ -31,6 +31,7 @@ def pipeline_snapshot(engine: Engine, watch: Watch, *, ready: bool, ready_max_ag
         counts = q.counts()
         held = q.held_removals()
         stats = slot.consumer.stats if isinstance(slot.consumer, Reporting) else None
+        health = slot.records.health
         doc: dict[str, Any] | None = None
         if detail:
             doc = {
@@ -43,6 +44,7 @@ def pipeline_snapshot(engine: Engine, watch: Watch, *, ready: bool, ready_max_ag
                 "note": _note(slot.consumer),
                 "drift_mode": slot.drift.mode.value,
                 "drift": _drift_status(slot.drift, now),
+                "state": health.status(),
             }
         consumers.append(ConsumerSnapshot(
             name, _plugin_of(slot.consumer), tuple(str(r) for r in slot.filter.roots), len(slot.records),
@@ -51,6 +53,8 @@ def pipeline_snapshot(engine: Engine, watch: Watch, *, ready: bool, ready_max_ag
             st.last_success, sum(h["size"] for h in held), len(held), len(engine.held_long(name)),
             stats=_numbers(stats), detail=doc, drift_mode=slot.drift.mode.value,
             drifted=len(slot.drift.drifted()), drift_total=dict(slot.drift.total),
+            state_not_persisted=health.note(), state_write_errors=health.write_errors,
+            state_unpersisted_seconds=health.seconds_since_success(), state_set_aside=health.set_aside_total,
         ))
     es = engine.stats
     counters = EngineCounters(dict(es.events), engine.agg.coalesced, es.handed_over, es.overflows, es.resyncs,

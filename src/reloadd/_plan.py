@@ -209,7 +209,7 @@ async def _plan_one(config: Config, cc: ConsumerConfig, scratch: Path) -> Consum
     try:
         filt = path_filter(consumer, cc)
         guard = PruneGuard(filt, records.by_str, owner_test(consumer, filt), records.directory)
-        await asyncio.to_thread(guard.load)  # reads prune.json, writes nothing
+        await asyncio.to_thread(guard.load, read_only=True)  # reads prune.json, writes nothing
         guards.append(guard)
         pending = await asyncio.to_thread(pending_changes, consumer, filt, records)
         # Removals prune safety would hold are not planned as removals: they are listed as held.

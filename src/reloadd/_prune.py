@@ -13,7 +13,9 @@ work, until
 A consumer can hold a removal itself with the :class:`~reloadd.Hold` result (``kube-manifests``'
 ``max_prune``); it lands in the same table. Holds and the roots' identities are persisted beside the
 records (``prune.json``), so a restart with the volume still gone deletes nothing either, and a root
-replaced while reloadd was stopped is still recognised.
+replaced while reloadd was stopped is still recognised. A ``prune.json`` that cannot be read is set aside
+(see :mod:`reloadd._persisted`) and the guard distrusts: *every* removal of the consumer is held until a
+person confirms (the holds it listed are unknown, so none may run unasked); the distrust is persisted too.
 
 Only directory roots are judged: a configured *file* root that is deleted is an ordinary delete of
 one file. A root that never held a recorded path holds nothing (there was nothing to delete).
@@ -33,6 +35,7 @@ from typing import Any
 
 from ._errors import StateError
 from ._filters import PathFilter
+from ._persisted import PersistHealth, set_aside
 from ._state import atomic_write
 
 __all__ = ["HeldRemoval", "PruneGuard", "RootId"]
@@ -44,7 +47,7 @@ _VERSION = 1
 RootId = tuple[int, int]
 """A directory's (st_dev, st_ino)."""
 
-_Snapshot = tuple[dict[str, RootId], dict[str, "HeldRemoval"]]
+_Snapshot = tuple[dict[str, RootId], dict[str, "HeldRemoval"], str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,7 @@ class PruneGuard:
         owned: Whether a path string is the consumer's business (filter and ``accepts``).
         directory: Where ``prune.json`` is kept (the records' directory); ``None``: memory only.
         clock: Wall clock, for ``since``.
+        health: The consumer's persistence health (a ``prune.json`` set aside is noted there).
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class PruneGuard:
         directory: Path | None,
         *,
         clock: Callable[[], float] = time.time,
+        health: PersistHealth | None = None,
     ) -> None:
         self._filter = filter
         self._records = records
@@ -92,14 +97,37 @@ class PruneGuard:
         self._roots: dict[str, RootId] = {}
         self._dirty = False
         self._witness: dict[str, str] = {}  # root -> the file its last listing stopped at (see _witness_holds)
+        self.health = health
+        self.distrust: str | None = None
+        """Why every removal is held until confirmed (``prune.json`` was unreadable), or ``None``."""
 
     # Persistence -----------------------------------------------------------------------
-    def load(self) -> None:
+    def load(self, *, read_only: bool = False) -> None:
         """Read ``prune.json`` (blocking); a missing file is an empty guard.
 
+        One that cannot be read or parsed is set aside, and every removal is held until confirmed
+        (``read_only``: raised instead, naming it and the cause, for ``reloadd plan``).
+
         Raises:
-            StateError: the file exists but cannot be read or parsed (naming it and the cause).
+            StateError: ``read_only`` and the file cannot be read.
         """
+        try:
+            self._load()
+        except StateError as exc:
+            if read_only or self._file is None:
+                raise
+            why = str(exc).removeprefix(f"{self._file}: ")
+            moved = set_aside(self._file, why, "every removal is held until confirmed (`reloadd reload "
+                              "--confirm-prune`)")
+            if self.health is not None:
+                self.health.add(moved)
+            self._roots, self.held = {}, {}
+            self.distrust = (f"prune state {self._file} was unreadable"
+                             f"{f' (moved aside to {moved.moved_to})' if moved.moved_to else ''}: "
+                             "every removal is held until confirmed")
+            self._dirty = True
+
+    def _load(self) -> None:
         if self._file is None:
             return
         try:
@@ -112,11 +140,13 @@ class PruneGuard:
             # of this file: its record's removal is durable in the journal, so the hold is over.
             self.held = {k: h for k, h in held.items() if k in self._records}
             self._dirty = len(self.held) != len(held)
+            distrust = raw.get("hold_all")
+            self.distrust = str(distrust) if distrust else None
         except FileNotFoundError:
             return
         except OSError as exc:
             raise StateError(f"Failed to read {self._file}: {exc.strerror or exc}") from exc
-        except (ValueError, AttributeError, TypeError, IndexError, KeyError) as exc:
+        except (ValueError, AttributeError, TypeError, IndexError, KeyError, OverflowError) as exc:
             raise StateError(f"{self._file}: corrupt prune state: {exc}") from exc
 
     @property
@@ -133,7 +163,7 @@ class PruneGuard:
             self._dirty = False
             return None
         self._dirty = False
-        return dict(self._roots), dict(self.held)
+        return dict(self._roots), dict(self.held), self.distrust
 
     def write(self, snapshot: _Snapshot) -> None:
         """Replace ``prune.json`` with ``snapshot`` (blocking; any thread).
@@ -142,12 +172,14 @@ class PruneGuard:
             StateError: it cannot be written (the caller marks the guard dirty again).
         """
         assert self._file is not None
-        roots, held = snapshot
-        doc = {
+        roots, held, distrust = snapshot
+        doc: dict[str, Any] = {
             "version": _VERSION,
             "roots": {r: list(i) for r, i in sorted(roots.items())},
             "held": {p: [h.why, h.since] for p, h in sorted(held.items())},
         }
+        if distrust:
+            doc["hold_all"] = distrust
         atomic_write(self._file, json.dumps(doc, separators=(",", ":")).encode())
 
     def failed(self) -> None:
@@ -277,6 +309,9 @@ class PruneGuard:
             if held is not None:
                 out[key] = held.why
                 continue
+            if self.distrust is not None:
+                out[key] = self.distrust
+                continue
             root = self.root_of(key)
             if root is None:
                 continue
@@ -302,6 +337,8 @@ class PruneGuard:
             return held.why
         if key not in self._records or os.path.lexists(key):
             return None
+        if self.distrust is not None:
+            return self.distrust
         root = self.root_of(key)
         return self.verdict(root) if root is not None else None
 
@@ -349,6 +386,9 @@ class PruneGuard:
     def confirm(self, keys: Iterable[str] | None = None) -> list[str]:
         """A person confirmed: the removals of ``keys`` (every held one when ``None``) may run."""
         chosen = list(self.held) if keys is None else [k for k in keys if k in self.held]
+        if keys is None and self.distrust is not None:
+            self.distrust = None  # a person looked: removals are judged by their roots again
+            self._dirty = True
         for key in chosen:
             del self.held[key]
             self.confirmed.add(key)

@@ -152,6 +152,7 @@ class WorkQueue:
         """Held removals: persisted, listed in status, run only when confirmed."""
         self._held = HeldRemovals(consumer, self.guard, self._recs, self._persist_soon, on_change)
         self._persist_pending = False
+        self._retry_pending = False  # a write failed: one flush is scheduled after its backoff
         self._holds_written = float("-inf")  # when prune.json was last written (monotonic)
         self.drift = drift
 
@@ -298,7 +299,7 @@ class WorkQueue:
 
     def tidy(self) -> None:
         """Idle after a burst: write the compaction a burst put off (in the background), if one is due."""
-        if not self._tidying and self._accepting and self.records.compaction_due:
+        if not self._tidying and self._accepting and self.records.compaction_due and not self.records.health.retry_in():
             self._tidying = True
             self._held.spawn(self._tidy())
 
@@ -669,7 +670,14 @@ class WorkQueue:
         held during a burst are not rewritten after every batch. What a crash loses of them is judged again
         at the next start, from the records, which are durable here.
         """
+        health = self.records.health
         async with self._flush_lock:
+            wait = health.retry_in()
+            if wait and not final:
+                # Writes are failing (a full or read-only disk): the acknowledgements stay buffered and the
+                # consumer goes on; one retry is due after the backoff, not one per batch (50 a second).
+                self._retry_later()
+                return
             # In a burst (more queued, or on its way) a due compaction waits for the burst's last flush.
             job = self.records.prepare(busy=not final and (bool(self._items) or self._upstream()))
             if job is not None:
@@ -677,7 +685,10 @@ class WorkQueue:
                     await asyncio.to_thread(self.records.write, job)
                 except StateError as exc:
                     self.records.failed(job)
-                    log.error("Failed to persist state of consumer %s: %s", self.consumer.name, exc)
+                    health.failed(exc)
+                    self._retry_later()
+                    return  # the held removals wait for the retry too
+                health.succeeded()
             if self.records.persistent and self.guard.dirty:
                 wait = self._holds_written + _HOLDS_EVERY - time.monotonic()
                 if wait > 0 and not final:
@@ -692,7 +703,21 @@ class WorkQueue:
                         await asyncio.to_thread(self.guard.write, holds)
                     except StateError as exc:
                         self.guard.failed()
-                        log.error("Failed to persist held removals of consumer %s: %s", self.consumer.name, exc)
+                        health.failed(exc)
+                        self._retry_later()
+                        return
+                    health.succeeded()
+
+    def _retry_later(self) -> None:
+        """Flush again once the backoff of a failed write has passed (no batch may come to do it)."""
+        if not self._retry_pending and self._accepting:
+            self._retry_pending = True
+            self._held.spawn(self._retry())
+
+    async def _retry(self) -> None:
+        await asyncio.sleep(self.records.health.retry_in())
+        self._retry_pending = False
+        await self.flush()
 
     async def drain(self, grace: float) -> None:
         """Stop dispatching; let in-flight batches finish within ``grace`` seconds, cancel the rest."""

@@ -160,7 +160,8 @@ class Reloader:
             group_of=group_of,
             group_settling=self._group_settling(name, group_of) if group_of is not None else lambda g: False,
             group_label=lambda g: self._group_label(name, g),
-            guard=PruneGuard(filt, records.by_str, owner_test(consumer, filt), records.directory),
+            guard=PruneGuard(filt, records.by_str, owner_test(consumer, filt), records.directory,
+                             health=records.health),
             drift=drift,
             upstream=lambda: self._engine is not None and self._engine.holds(name),
         )

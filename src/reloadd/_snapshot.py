@@ -57,6 +57,14 @@ class ConsumerSnapshot:
     """Drift events seen, per kind (``image``, ``object``, ``file``)."""
     stats: Mapping[str, float] = field(default_factory=dict)
     detail: Mapping[str, Any] | None = None
+    state_not_persisted: str | None = None
+    """``STATE NOT PERSISTED since …: <cause> (<path>)`` while writes of its state fail, else ``None``."""
+    state_write_errors: int = 0
+    """Writes of its state that failed since start."""
+    state_unpersisted_seconds: float = 0.0
+    """Seconds since its state was last persisted, while writes fail (0 while persisted)."""
+    state_set_aside: int = 0
+    """State files set aside as unreadable since start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +115,10 @@ class Snapshot:
         """Ready, and if not, why: the one rule ``/readyz``, metrics, status and systemd all use.
 
         Ready when the initial pass is done, the watch serves (armed, or degraded to rescans,
-        which still converge), and no consumer has a path waiting longer than ``ready_max_age``.
+        which still converge), no consumer has a path waiting longer than ``ready_max_age``, and
+        no consumer's state has gone unpersisted for longer than ``ready_max_age`` (a disk full or
+        read-only for that long: the consumer still delivers, but a restart would hand everything
+        since over again; a brief failure that the backoff retries away does not flap readiness).
         Held removals (prune safety) and held files do not make a node unready: it keeps working
         on its last good state, and the metrics make them loud.
         """
@@ -120,6 +131,9 @@ class Snapshot:
             if c.oldest_pending_age > self.ready_max_age:
                 problems.append(f"consumer {c.name}: a path has waited {c.oldest_pending_age:.0f}s "
                                 f"(ready_max_age {self.ready_max_age:g}s)")
+            if c.state_not_persisted and c.state_unpersisted_seconds > self.ready_max_age:
+                problems.append(f"consumer {c.name}: {c.state_not_persisted} "
+                                f"(for {c.state_unpersisted_seconds:.0f}s, ready_max_age {self.ready_max_age:g}s)")
         return not problems, problems
 
     @property

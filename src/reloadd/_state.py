@@ -11,6 +11,11 @@ the middle of a burst unless the journal reached twice that (:meth:`RecordStore.
 snapshot names the journal generation it is followed by, so an old journal is never
 replayed over a newer snapshot.
 
+A file that cannot be read is set aside (see :mod:`reloadd._persisted`): a snapshot (and the journals that
+follow it), and the consumer starts from no records, handing every file over again once; a journal with
+damaged lines (whole lines: a torn last line is a crash's ordinary mark, cut silently) is moved aside after
+its good lines are read, and a snapshot of what was read is written at the next flush.
+
 Paths are held as strings (one per record; ``Path`` objects cost several times more and
 hash in Python), and journal lines are encoded by hand in the exact form ``json.dumps``
 gives, so a 100,000-path burst costs neither a ``Path`` nor a ``json.dumps`` per path.
@@ -41,6 +46,7 @@ from ._packed import (
     pack_json,
     unpack,
 )
+from ._persisted import PersistHealth, set_aside
 from ._types import Fingerprint, JSONValue, PathRecord
 
 __all__ = ["FlushJob", "RecordStore", "atomic_write", "lock_state_dir"]
@@ -48,6 +54,8 @@ __all__ = ["FlushJob", "RecordStore", "atomic_write", "lock_state_dir"]
 log = logging.getLogger("reloadd.state")
 
 _VERSION = 1
+
+_EVERY_AGAIN = "starting from no records: every file is handed over again once"
 
 
 def atomic_write(path: Path, data: bytes | Iterable[bytes], mode: int = 0o600) -> None:
@@ -75,7 +83,8 @@ def atomic_write(path: Path, data: bytes | Iterable[bytes], mode: int = 0o600) -
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise StateError(f"Failed to write {path}: {exc.strerror or exc}") from exc
+        raise StateError(f"Failed to write {path}: {exc.strerror or exc}", path=str(path),
+                         cause=exc.strerror or str(exc)) from exc
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -123,10 +132,15 @@ class RecordStore(Mapping[Path, PathRecord]):
             records in memory only (an embedder that wants no persistence): nothing is
             read or written, and a restart hands every path over again.
         compact_after: Journal lines after which :meth:`flush` writes a new snapshot.
+        health: How persisting goes (files set aside, failing writes); a new one by default.
     """
 
-    def __init__(self, directory: Path | None, compact_after: int = 10_000) -> None:
+    def __init__(self, directory: Path | None, compact_after: int = 10_000,
+                 health: PersistHealth | None = None) -> None:
         self.directory = directory
+        self.health = health if health is not None else PersistHealth(directory.name if directory else "memory")
+        """Files set aside at load and write failures (status, metrics); the queue reports its writes here."""
+        self._force_compact = False  # what was loaded is not all on disk as it is: snapshot it at the next flush
         self._snapshot = directory / "records.json" if directory is not None else Path()
         self._gen = 0
         self._records: dict[str, bytes] = {}  # packed (see reloadd._packed): one untracked bytes a path
@@ -210,19 +224,68 @@ class RecordStore(Mapping[Path, PathRecord]):
             except OSError as exc:
                 raise StateError(f"Failed to create state directory {self.directory}: {exc.strerror}") from exc
         for _ in range(5):  # a daemon compacting between our two reads: read both again
-            records, lines, good_end = self._read()
+            try:
+                records, lines, good_end, damaged = self._read()
+            except StateError as exc:
+                if read_only:
+                    raise
+                records, lines, good_end, damaged = self._set_aside_snapshot(exc), 0, None, False
             if not read_only or self._read_gen() == self._gen:
                 break
-        if not read_only and good_end is not None and os.path.getsize(self._journal) != good_end:
+        if read_only:
+            pass
+        elif damaged:
+            self.health.add(set_aside(self._journal, "damaged lines", "its good lines were read; the files of its "
+                                      "damaged lines are handed over again once"))
+            self._force_compact = True
+            lines, good_end = 0, None
+        elif good_end is not None and os.path.getsize(self._journal) != good_end:
             try:
                 os.truncate(self._journal, good_end)  # the next append must not glue onto a torn line
             except OSError as exc:
-                raise StateError(f"Failed to read {self._journal}: {exc.strerror}") from exc
+                self.health.add(set_aside(self._journal, f"a torn last line could not be cut: {exc.strerror}",
+                                          "its good lines were read; the file of the torn line is handed over "
+                                          "again once"))
+                self._force_compact = True
+                lines = 0
+        if not read_only:
+            self._set_aside_stale_journals()
         self._records.clear()  # in place: by_str stays the live mapping
         self._records.update(records)
         self._peak = len(records)
         self.keys_version += 1
         self._journal_lines = lines
+
+    def _set_aside_snapshot(self, exc: StateError) -> dict[str, bytes]:
+        """The snapshot cannot be read: set it aside, and the journals that follow it; no records."""
+        why = str(exc).removeprefix(f"{self._snapshot}: ")
+        if self._snapshot.exists():
+            self.health.add(set_aside(self._snapshot, why, _EVERY_AGAIN))
+        assert self.directory is not None
+        for journal in sorted(self.directory.glob("records.journal.*")):
+            if journal.name.removeprefix("records.journal.").isdigit():
+                self.health.add(set_aside(journal, f"it follows the snapshot set aside ({why})", _EVERY_AGAIN))
+        self._gen = 0
+        self._snapshot_size = 0
+        return {}
+
+    def _set_aside_stale_journals(self) -> None:
+        """A journal newer than the snapshot says the snapshot it followed is gone: set it aside.
+
+        Left in place, it would be replayed over a later snapshot of the same generation. Older ones
+        are leftovers of a compaction cut short (their snapshot was written): removed, as compaction does.
+        """
+        assert self.directory is not None
+        for journal in self.directory.glob("records.journal.*"):
+            gen = journal.name.removeprefix("records.journal.")
+            if not gen.isdigit() or int(gen) == self._gen:
+                continue
+            if int(gen) < self._gen:
+                with contextlib.suppress(OSError):
+                    os.unlink(journal)
+                continue
+            self.health.add(set_aside(journal, f"its snapshot (generation {gen}) is missing",
+                                      "its lines are not replayed: their files are handed over again once"))
 
     def _read_gen(self) -> int:
         try:
@@ -230,8 +293,13 @@ class RecordStore(Mapping[Path, PathRecord]):
         except (OSError, ValueError, AttributeError, TypeError):
             return 0
 
-    def _read(self) -> tuple[dict[str, bytes], int, int | None]:
-        """Snapshot plus journal: the records, the journal's line count, and where its good part ends."""
+    def _read(self) -> tuple[dict[str, bytes], int, int | None, bool]:
+        """Snapshot plus journal: the records, the journal's line count, where its good part ends, and
+        whether a whole line of it was damaged (a torn last line is not).
+
+        Raises:
+            StateError: the snapshot cannot be read (the caller sets it aside).
+        """
         records: dict[str, bytes] = {}
         self._gen = 0
         self._snapshot_size = 0
@@ -247,10 +315,11 @@ class RecordStore(Mapping[Path, PathRecord]):
             pass
         except OSError as exc:
             raise StateError(f"Failed to read {self._snapshot}: {exc.strerror}") from exc
-        except (ValueError, AttributeError, TypeError) as exc:
+        except (ValueError, AttributeError, TypeError, KeyError, IndexError) as exc:
             raise StateError(f"{self._snapshot}: corrupt state file: {exc}") from exc
         lines = 0
         good_end = 0
+        damaged = False
         try:
             with open(self._journal, "rb") as fh:
                 for line in fh:
@@ -262,19 +331,22 @@ class RecordStore(Mapping[Path, PathRecord]):
                         path = op["p"]
                         if not isinstance(path, str):
                             raise TypeError("path is not a string")
-                    except (ValueError, KeyError, TypeError):
+                        if op.get("del"):
+                            records.pop(path, None)
+                        else:
+                            records[path] = from_json(op.get("r", {}))
+                    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+                        if line.endswith(b"\n"):
+                            damaged = True  # a whole line that is not ours: not a crash's torn tail
                         log.warning("Ignoring torn line %d of %s", lines, self._journal)
                         continue
                     good_end = fh.tell()
-                    if op.get("del"):
-                        records.pop(path, None)
-                    else:
-                        records[path] = from_json(op.get("r", {}))
         except FileNotFoundError:
-            return records, lines, None
-        except OSError as exc:
-            raise StateError(f"Failed to read {self._journal}: {exc.strerror}") from exc
-        return records, lines, good_end
+            return records, lines, None, False
+        except OSError as exc:  # EIO: what was read is kept, the journal is set aside
+            log.warning("Failed to read %s: %s", self._journal, exc.strerror)
+            return records, lines, None, True
+        return records, lines, good_end, damaged
 
     def put(self, path: Path | str, record: PathRecord) -> None:
         """Set the record of ``path`` (buffered until :meth:`flush`).
@@ -342,7 +414,7 @@ class RecordStore(Mapping[Path, PathRecord]):
     @property
     def compaction_due(self) -> bool:
         """Whether the journal has outgrown the records (the next :meth:`prepare` not ``busy`` compacts)."""
-        return self._journal_lines + len(self._buffer) > self._compaction_limit()
+        return self._force_compact or self._journal_lines + len(self._buffer) > self._compaction_limit()
 
     def prepare(self, *, busy: bool = False) -> FlushJob | None:
         """Detach the buffered mutations for :meth:`write` (call on the owning thread).
@@ -355,6 +427,8 @@ class RecordStore(Mapping[Path, PathRecord]):
         limit = self._compaction_limit()
         lines = self._buffer
         over = self._journal_lines + len(lines) - limit
+        if self._force_compact and self.directory is not None:
+            over = 2 * limit + 1  # what was loaded must reach a snapshot of its own, burst or not
         if not lines and (over <= 0 or busy):  # in memory only: nothing is ever journaled, never over
             return None
         self._buffer = []
@@ -395,7 +469,8 @@ class RecordStore(Mapping[Path, PathRecord]):
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise StateError(f"Failed to write {self._journal}: {exc.strerror or exc}") from exc
+            raise StateError(f"Failed to write {self._journal}: {exc.strerror or exc}", path=str(self._journal),
+                             cause=exc.strerror or str(exc)) from exc
         self._journal_lines += len(job.lines)
 
     def flush(self) -> None:
@@ -419,6 +494,7 @@ class RecordStore(Mapping[Path, PathRecord]):
     def _compact(self, records: Iterable[tuple[str, bytes]], count: int) -> None:
         old = self._journal
         atomic_write(self._snapshot, _snapshot_chunks(self._gen + 1, records))
+        self._force_compact = False
         self._gen += 1
         self._snapshot_size = count
         with contextlib.suppress(OSError):
@@ -438,7 +514,9 @@ def lock_state_dir(state_dir: Path) -> int:
     """Take an exclusive lock on ``state_dir`` so two daemons never share (and corrupt) its state."""
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(state_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Read-only: flock needs no write access, and a descriptor open for writing would keep the state's
+        # file system from being remounted read-only (errors=remount-ro, an operator's `mount -o remount,ro`).
+        fd = os.open(state_dir / "lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise StateError(f"Failed to open state directory {state_dir}: {exc.strerror or exc}") from exc
     try:

@@ -64,7 +64,8 @@ def query_status(cfg: Config, as_json: bool = False, out: TextIO | None = None) 
 
     Returns:
         0 when the daemon is ready and no path is failing, 3 when it answered but is
-        not ready or has failing, rejected or prune-held paths, 1 when it cannot be reached.
+        not ready, has failing, rejected or prune-held paths, or a consumer whose state is not
+        persisted (writes failing), 1 when it cannot be reached.
     """
     out = out or sys.stdout
     if cfg.control_socket is None:
@@ -83,6 +84,7 @@ def query_status(cfg: Config, as_json: bool = False, out: TextIO | None = None) 
         out.write(format_status(doc))
     consumers = doc.get("consumers", {}).values()
     troubled = any(c.get("failing") or c.get("rejected") or c.get("prune_held")
+                   or not (c.get("state") or {}).get("persisted", True)
                    or any(not d.get("restored") for d in c.get("drift", [])) for c in consumers)
     return 0 if doc.get("ready") and not troubled else 3
 
@@ -159,6 +161,13 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"  roots:     {', '.join(c.get('roots', [])) or '-'}")
         if c.get("note"):
             lines.append(f"  state:     {c['note']}")
+        st = c.get("state") or {}
+        if st.get("not_persisted"):
+            lines.append(f"  {st['not_persisted']} ({st.get('write_errors', 0)} failed writes; "
+                         f"it keeps delivering, retrying with backoff)")
+        for aside in st.get("set_aside", []):
+            where = f"moved aside to {aside['moved_to']}" if aside.get("moved_to") else "could not be moved aside"
+            lines.append(f"  SET ASIDE: {aside['file']} ({aside.get('why')}): {where}; {aside.get('assumed')}")
         lines.append(
             f"  paths:     {c.get('records', 0)} known, {c.get('settling', 0)} settling, "
             f"{len(c.get('pending', []))} pending, {len(c.get('in_flight', []))} in flight, "
