@@ -39,6 +39,7 @@ from ._errors import (
 from ._filters import DEFAULT_IGNORES, PathFilter
 from ._options import Options, parse_duration
 from ._outcomes import result_of
+from ._persisted import set_aside
 from ._pidfile import read_pid_file, signal_pid_file
 from ._sources.base import Coverage, Drift, EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import atomic_write
@@ -150,6 +151,7 @@ __all__ = [
     "read_pid_file",
     "result_of",
     "run_command",
+    "set_aside",
     "signal_pid_file",
     "tune_gc",
     "tune_malloc",

@@ -166,7 +166,7 @@ class PersistHealth:
             self._logged[cause] = (last, suppressed + 1)
             return
         self._logged[cause] = (now, 0)
-        more = f" ({suppressed} more like it in the last {LOG_EVERY:.0f}s not logged)" if suppressed else ""
+        more = f" ({suppressed} more like it since the last line, not logged)" if suppressed else ""
         log.error("Failed to persist state of consumer %s: %s%s; it keeps delivering, retrying in %.1fs",
                   self.name, exc, more, self.retry_in())
 

@@ -16,7 +16,7 @@ from ._config import Config
 from ._control import request
 from ._errors import ReloaddError
 
-__all__ = ["confirm_prune", "format_status", "query_status", "send_reload"]
+__all__ = ["confirm_prune", "format_status", "query_status", "send_reload", "status_exit_code"]
 
 log = logging.getLogger("reloadd.control")
 
@@ -82,6 +82,16 @@ def query_status(cfg: Config, as_json: bool = False, out: TextIO | None = None) 
         out.write("\n")
     else:
         out.write(format_status(doc))
+    return status_exit_code(doc)
+
+
+def status_exit_code(doc: dict[str, Any]) -> int:
+    """``reloadd status``'s exit code for a status document: 0 all well, 3 something to look at.
+
+    3 when the daemon is not ready, or a consumer has failing, rejected or prune-held paths, drift not
+    restored, or state that is not persisted (its writes fail: a restart would hand over again what it
+    acknowledged since).
+    """
     consumers = doc.get("consumers", {}).values()
     troubled = any(c.get("failing") or c.get("rejected") or c.get("prune_held")
                    or not (c.get("state") or {}).get("persisted", True)

@@ -29,6 +29,7 @@ from reloadd import (
     SourceContext,
     TransientError,
     atomic_write,
+    set_aside,
 )
 
 from ._containerd import check_config, shadowing
@@ -379,11 +380,22 @@ def _files_digest(files: Mapping[str, str]) -> str:
     return h.hexdigest()
 
 
+_NOTIFY_AGAIN = "the notify action runs again once"
+
+
 def _read_text(path: Path) -> str | None:
+    """The digest last notified; a file that is not one is set aside (``reloadd.set_aside``): notify again."""
     try:
-        return path.read_text().strip() or None
-    except OSError:
+        text = path.read_bytes().strip().decode("ascii", "replace")
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        set_aside(path, exc.strerror or str(exc), _NOTIFY_AGAIN)
+        return None
+    if len(text) != 64 or text.strip("0123456789abcdef"):
+        set_aside(path, "not a sha256 digest", _NOTIFY_AGAIN)
+        return None
+    return text
 
 
 def _write_text(path: Path, text: str) -> None:
