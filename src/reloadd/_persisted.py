@@ -122,7 +122,10 @@ class PersistHealth:
         """Wall-clock time of the last successful write (or of the start: what was loaded was on disk)."""
         self._streak = 0
         self._retry_at = float("-inf")
-        self._logged: dict[str, tuple[float, int]] = {}  # cause -> (when last logged, failures not logged since)
+        # cause -> (when last logged, failures not logged since): kept across streaks, so a nearly full disk
+        # that takes one write in two still logs once a minute
+        self._logged: dict[str, tuple[float, int]] = {}
+        self._recovery_logged = float("-inf")
 
     @property
     def persisted(self) -> bool:
@@ -141,13 +144,15 @@ class PersistHealth:
     def succeeded(self) -> None:
         """A write went through: the streak (and the set-aside notes) end."""
         if self.failing_since is not None:
-            log.warning("State of consumer %s is persisted again, after %d failed writes since %s",
-                        self.name, self._streak, _hms(self.failing_since))
+            now = self._monotonic()
+            if now - self._recovery_logged >= LOG_EVERY:  # a disk that flaps says so once a minute
+                self._recovery_logged = now
+                log.warning("State of consumer %s is persisted again, after %d failed writes since %s",
+                            self.name, self._streak, _hms(self.failing_since))
         self.failing_since = None
         self.cause = self.path = None
         self._streak = 0
         self._retry_at = float("-inf")
-        self._logged.clear()
         self.set_aside.clear()
         self.last_success = self._clock()
 

@@ -174,3 +174,16 @@ def test_reloadd_plan_reads_without_setting_aside(tmp_path: Path) -> None:
     with pytest.raises(StateError, match="corrupt prune state"):
         guard.load(read_only=True)
     assert (d / "prune.json").exists()
+
+
+def test_a_flapping_disk_still_logs_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    mono = Clock()
+    health = PersistHealth("x", monotonic=mono)
+    with caplog.at_level(logging.WARNING, logger="reloadd.state"):
+        for _ in range(1000):  # a nearly full disk: one write in two goes through
+            health.failed(enospc())
+            health.succeeded()
+            mono.now += 0.05
+    failed = [r for r in caplog.records if "Failed to persist" in r.getMessage()]
+    recovered = [r for r in caplog.records if "persisted again" in r.getMessage()]
+    assert len(failed) == 1 and len(recovered) == 1
