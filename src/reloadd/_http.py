@@ -11,8 +11,9 @@ Health (``/healthz``, for liveness probes and ``WatchdogSec``-style supervision)
 
 Readiness (``/readyz``) is :meth:`reloadd._snapshot.Snapshot.readiness`, the one rule
 ``reloadd status``, the metrics and systemd use too: the initial pass is done, the watch
-serves (armed, or degraded to rescans only, which still converge), and no path has
-waited longer than ``[reloadd] ready_max_age``.
+serves (armed, or degraded to rescans only, which still converge), no path has
+waited longer than ``[reloadd] ready_max_age``, and no consumer's state has gone unpersisted
+(its writes failing) for longer than that either.
 """
 
 from __future__ import annotations

@@ -687,8 +687,10 @@ class WorkQueue:
                     self.records.failed(job)
                     health.failed(exc)
                     self._retry_later()
-                    return  # the held removals wait for the retry too
-                health.succeeded()
+                    if not final:
+                        return  # the held removals wait for the retry too (at shutdown they are tried)
+                else:
+                    health.succeeded()
             if self.records.persistent and self.guard.dirty:
                 wait = self._holds_written + _HOLDS_EVERY - time.monotonic()
                 if wait > 0 and not final:
