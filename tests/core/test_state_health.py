@@ -187,3 +187,18 @@ def test_a_flapping_disk_still_logs_once_a_minute(caplog: pytest.LogCaptureFixtu
     failed = [r for r in caplog.records if "Failed to persist" in r.getMessage()]
     recovered = [r for r in caplog.records if "persisted again" in r.getMessage()]
     assert len(failed) == 1 and len(recovered) == 1
+
+
+def test_a_file_set_aside_is_shown_until_the_next_successful_write(tmp_path: Path) -> None:
+    d = tmp_path / "state"
+    d.mkdir()
+    (d / "prune.json").write_bytes(b"junk")
+    health = PersistHealth("x")
+    PruneGuard(PathFilter(roots=()), {}, lambda k: True, d, health=health).load()
+    doc = {"ready": True, "consumers": {"x": {"plugin": "p", "state": health.status()}}}
+    text = format_status(doc)
+    assert f"SET ASIDE: {d / 'prune.json'} (corrupt prune state" in text and "moved aside to" in text
+    assert "every removal is held until confirmed" in text
+    assert status_exit_code(doc) == 0  # persisted: only shown, the held removals say the rest
+    health.succeeded()
+    assert health.status()["set_aside"] == [] and health.set_aside_total == 1

@@ -128,7 +128,7 @@ class EioFs(fuse.Operations):  # type: ignore[misc]
 
 def main() -> None:
     backing, mountpoint, switch = sys.argv[1:4]
-    fuse.FUSE(EioFs(backing, switch), mountpoint, foreground=True, allow_other=True, default_permissions=True)
+    fuse.FUSE(EioFs(backing, switch), mountpoint, foreground=True)
 
 
 if __name__ == "__main__":
