@@ -10,7 +10,7 @@ export RELOADD_KUBE_BIN := $(KUBE_CACHE)
 export RELOADD_KUBECTL := $(KUBECTL_CACHE)/kubectl
 export RELOADD_CONTAINERD_CACHE := $(CONTAINERD_CACHE)
 
-.PHONY: install deps kube containerd-releases test check demo bench faults protos clean image
+.PHONY: install deps kube containerd-releases test check demo bench faults protos clean image reference docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -70,6 +70,11 @@ faults: deps kube containerd-releases install
 	  tests/core/test_config_ranges.py tests/registry_mirrors/test_partial_apply.py \
 	  tests/kube_manifests/test_km_kubeconfig.py tests/registry_mirrors/test_drop_in_files.py \
 	  tests/registry_mirrors/test_consumer.py
+
+# docs/reference/ is generated from the code (option reads, metric families, the CLI parser, docstrings);
+# tests/docs/test_reference.py fails when it is out of date.
+reference: install
+	PYTHONPATH=scripts/docs $(BIN)/python -m docsgen
 
 protos: install
 	bash plugins/containerd-images/gen_protos.sh
