@@ -17,7 +17,7 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]' $(foreach p,$(PLUGINS),-e ./$(p))
+	$(BIN)/pip install -q -e '.[dev,docs]' $(foreach p,$(PLUGINS),-e ./$(p))
 
 deps:
 	bash scripts/infra/install-deps.sh
@@ -75,6 +75,11 @@ faults: deps kube containerd-releases install
 # tests/docs/test_reference.py fails when it is out of date.
 reference: install
 	PYTHONPATH=scripts/docs $(BIN)/python -m docsgen
+
+# The site, offline (no fonts, analytics or CDN fetched), into build/site/; tests/docs/test_site.py builds
+# it too and opens every page in headless Chromium. Search needs it served: python3 -m http.server -d build/site
+docs: reference
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 protos: install
 	bash plugins/containerd-images/gen_protos.sh

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Install the Debian packages reloadd's tests, demo and benchmarks start for real:
-# a private containerd, docker-registry and skopeo, etcd, mmdebstrap (the image). Idempotent: installs only what is missing.
+# a private containerd, docker-registry and skopeo, etcd, mmdebstrap (the image), chromium (the docs site's
+# browser test opens every page headless). Idempotent: installs only what is missing.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for pkg in containerd docker-registry skopeo etcd-server openssl curl python3-venv vim nano rsync systemd mmdebstrap; do
+for pkg in containerd docker-registry skopeo etcd-server openssl curl python3-venv vim nano rsync systemd mmdebstrap \
+    chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
