@@ -76,11 +76,18 @@ def _functions(tree: ast.Module) -> list[tuple[ast.FunctionDef | ast.AsyncFuncti
 def _sites(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[_Site]:
     """The ``Options`` objects a function builds or is given."""
     sites = []
+    placed: set[int] = set()
     for node in ast.walk(func):
         if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
                 and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
                 and node.value.func.id == "Options" and node.value.args):
             sites.append(_Site(func, node.targets[0].id, None, node.value.args[0]))
+            placed.add(id(node.value))
+    for node in ast.walk(func):  # Options(...) kept elsewhere (an attribute, an argument) would be missed
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Options"
+                and id(node) not in placed):
+            raise ValueError(f"line {node.lineno}: Options(...) in {func.name}() must be assigned to a local "
+                             "name for docsgen to list its keys (opts = Options(...))")
     for arg in func.args.args:
         if (isinstance(arg.annotation, ast.Name) and arg.annotation.id == "Options") or (
                 isinstance(arg.annotation, ast.Constant) and arg.annotation.value == "Options"):
