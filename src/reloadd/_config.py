@@ -57,7 +57,8 @@ class ConsumerConfig:
         include: Globs a path (under its root) or file name must match to be handed over (empty: all).
         exclude: Globs of paths to leave alone.
         recursive: Watch folders recursively (false: only the files directly in each folder).
-        ignore_defaults: Skip editor and VCS leftovers (``*.swp``, ``*~``, ``.#*``, ``.git/``, ...).
+        ignore_defaults: Skip editor droppings (``*.swp``, ``*.swx``, ``*~``, ``4913``, ``.#*``, ``#*#``,
+            ``*.tmp``: ``reloadd.DEFAULT_IGNORES``).
         quiet: This consumer's ``[reloadd] quiet``.
         max_delay: This consumer's ``[reloadd] max_delay``.
         max_hold: This consumer's ``[reloadd] max_hold``.

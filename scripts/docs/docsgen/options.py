@@ -310,6 +310,9 @@ def _describe(call: ast.Call, method: str, ns: dict[str, Any]) -> tuple[str, str
                     bounds.append(f"{sign} {limit}")
     if bounds:
         kind = f"{kind} ({', '.join(bounds)})"
+    required = _arg(call, 99, "required")
+    if isinstance(required, ast.Constant) and required.value is True:
+        shown = "(required)"
     return kind, shown
 
 
@@ -377,6 +380,7 @@ def _keys_of(paths: list[Path], table_of_scope: dict[str, str] | None, plugin: s
             kind, default = _describe(call, method, ns)
             meaning = own.get(key) or own.get(f"{scope}{key}") or attrs.get(key, "")
             keys.append(Key(table, f"{scope}{key}", kind, default, meaning, f"{rel}:{call.lineno}"))
+    keys.sort(key=lambda k: (k.source.split(":")[0], int(k.source.split(":")[1])))  # as the code reads them
     seen: dict[tuple[str, str], Key] = {}
     for k in keys:  # a key read twice (``state_dir``: "" first, then as a path): the typed read wins
         if (k.table, k.name) not in seen or seen[k.table, k.name].type == "string":
