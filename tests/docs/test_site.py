@@ -32,7 +32,7 @@ _PAGE = """(() => ({
 
 _SEARCH = """(async (query) => {
   const input = document.querySelector("input[data-md-component=search-query]");
-  for (let i = 0; i < 150; i++) {
+  for (let i = 0; i < 300; i++) {
     if (i % 10 === 0) {  // (re)type the query: the first keystrokes may come before the index is loaded
       input.focus();
       input.value = query;
