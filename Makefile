@@ -10,14 +10,14 @@ export RELOADD_KUBE_BIN := $(KUBE_CACHE)
 export RELOADD_KUBECTL := $(KUBECTL_CACHE)/kubectl
 export RELOADD_CONTAINERD_CACHE := $(CONTAINERD_CACHE)
 
-.PHONY: install deps kube containerd-releases test check demo bench faults protos clean image
+.PHONY: install deps kube containerd-releases test check demo bench faults protos clean image reference docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 install: $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]' $(foreach p,$(PLUGINS),-e ./$(p))
+	$(BIN)/pip install -q -e '.[dev,docs]' $(foreach p,$(PLUGINS),-e ./$(p))
 
 deps:
 	bash scripts/infra/install-deps.sh
@@ -70,6 +70,16 @@ faults: deps kube containerd-releases install
 	  tests/core/test_config_ranges.py tests/registry_mirrors/test_partial_apply.py \
 	  tests/kube_manifests/test_km_kubeconfig.py tests/registry_mirrors/test_drop_in_files.py \
 	  tests/registry_mirrors/test_consumer.py
+
+# docs/reference/ is generated from the code (option reads, metric families, the CLI parser, docstrings);
+# tests/docs/test_reference.py fails when it is out of date.
+reference: install
+	PYTHONPATH=scripts/docs $(BIN)/python -m docsgen
+
+# The site, offline (no fonts, analytics or CDN fetched), into build/site/; tests/docs/test_site.py builds
+# it too and opens every page in headless Chromium. Search needs it served: python3 -m http.server -d build/site
+docs: reference
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 protos: install
 	bash plugins/containerd-images/gen_protos.sh

@@ -180,6 +180,55 @@ def instructions(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, 
     return "\n".join(out)
 
 
+def write_env(folders: Path, root: Path, cfg: Path, ctd: str, port: int, kube: Any | None) -> Path:
+    """``<folders>/demo.env``: what the commands in README.md and docs/ need, for a second shell to source.
+
+    It names this run's temp dir, so the documented commands are the same on every run; it is
+    removed when the demo stops.
+    """
+    bin_dir = Path(sys.executable).parent
+    lines = [
+        "# Written by `make demo` (examples/demo/run_demo.py) for the commands in README.md and docs/;",
+        "# removed when the demo stops. Source it: . examples/demo/demo.env",
+        f"export DEMO={root}",
+        f"export SAMPLES={root / 'samples'}",
+        f"export RELOADD_CONFIG={cfg}",
+        f"export CONTAINERD_ADDRESS={ctd}",
+        f"export HOSTS_DIR={root / 'certs.d'}",
+        f"export METRICS=http://127.0.0.1:{port}",
+        f'export PATH="{bin_dir}:$PATH"',
+        "# the images in the demo's containerd (namespace k8s.io)",
+        'images() { ctr -a "$CONTAINERD_ADDRESS" -n k8s.io images ls -q; }',
+        "# wait_for TEXT CMD...: run CMD until its output has a line containing TEXT (60 s at most); print those",
+        "wait_for() {",
+        '  local text=$1 i out; shift',
+        '  for i in $(seq 300); do',
+        '    out=$("$@" 2>/dev/null) || true',
+        '    if printf "%s\\n" "$out" | grep -F -- "$text"; then return 0; fi',
+        "    sleep 0.2",
+        "  done",
+        '  echo "timed out waiting for $text in: $*" >&2; return 1',
+        "}",
+        "# wait_gone CMD...: run CMD until it fails (60 s at most)",
+        "wait_gone() {",
+        '  local i; for i in $(seq 300); do "$@" >/dev/null 2>&1 || { echo "gone: $*"; return 0; }; sleep 0.2; done',
+        '  echo "timed out waiting for $* to fail" >&2; return 1',
+        "}",
+    ]
+    if kube is not None:
+        lines += [
+            f"export KUBE_SERVER={kube.server}",
+            "# kube_get configmaps/NAME: GET an object of namespace default from the demo's kube-apiserver",
+            f"kube_get() {{ curl -sf --cacert {kube.ca_file} -H 'Authorization: Bearer {kube.admin_token}' "
+            '"$KUBE_SERVER/api/v1/namespaces/default/$1"; }',
+        ]
+    path = folders / "demo.env"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)  # a reader never sees half of it
+    return path
+
+
 async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while not await check():
@@ -349,8 +398,11 @@ async def demo(args: argparse.Namespace) -> int:
                 kubeconfig = kube.kubeconfig
             cfg = write_config(root, folders, ctd.address, kubeconfig, port)
             await daemon.start(cfg)
+            stack.callback(lambda: (folders / "demo.env").unlink(missing_ok=True))
+            env = write_env(folders, root, cfg, ctd.address, port, kube)
             say("")
             say(instructions(root, folders, samples, ctd.address, cfg, port, kube, building))
+            say(f"The commands in README.md and docs/ need {env}: . {env}")
             say("")
 
             cluster_ready: asyncio.Future[KubeCluster | None] = loop.create_future()
@@ -364,6 +416,7 @@ async def demo(args: argparse.Namespace) -> int:
                         await build_kube(log)
                         cluster = await start_cluster()
                         await daemon.restart(write_config(root, folders, ctd.address, cluster.kubeconfig, port))
+                        write_env(folders, root, cfg, ctd.address, port, cluster)
                         say("")
                         say(f"{BOLD}kube-apiserver is ready: the manifests folder is on{RESET} (reloadd restarted)")
                         say(manifest_instructions(folders, samples, cluster))

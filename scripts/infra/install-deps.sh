@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install the Debian packages reloadd's tests, demo and benchmarks start for real:
 # a private containerd, docker-registry and skopeo, etcd, mmdebstrap (the image), libfuse3 (the fault suite's
-# EIO-on-write file system). Idempotent: installs only what is missing.
+# EIO-on-write file system), chromium (the docs site's browser test opens every page headless).
+# Idempotent: installs only what is missing.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
 for pkg in containerd docker-registry skopeo etcd-server openssl curl python3-venv vim nano rsync systemd mmdebstrap \
-    libfuse3-3 fuse3; do
+    libfuse3-3 fuse3 \
+    chromium; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

@@ -46,7 +46,31 @@ MAX_CONCURRENCY = 1024
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    """One ``[[consumer]]`` table."""
+    """One ``[[consumer]]`` table.
+
+    Attributes:
+        name: Names the consumer's queue, state, logs and metrics; unique in the file.
+        plugin: The plugin's name in the ``reloadd.consumers`` entry-point group (``containerd-images``,
+            ``registry-mirrors``, ``kube-manifests``, ``exec`` or a third-party one).
+        paths: Files or folders to watch (folders recursively); relative paths resolve against the
+            config file's folder. A plugin may derive its own (``registry-mirrors``).
+        include: Globs a path (under its root) or file name must match to be handed over (empty: all).
+        exclude: Globs of paths to leave alone.
+        recursive: Watch folders recursively (false: only the files directly in each folder).
+        ignore_defaults: Skip editor droppings (``*.swp``, ``*.swx``, ``*~``, ``4913``, ``.#*``, ``#*#``,
+            ``*.tmp``: ``reloadd.DEFAULT_IGNORES``).
+        quiet: This consumer's ``[reloadd] quiet``.
+        max_delay: This consumer's ``[reloadd] max_delay``.
+        max_hold: This consumer's ``[reloadd] max_hold``.
+        concurrency: Batches in flight at once (one per path always); overrides the plugin's own value.
+        after: Consumers whose work already seen (settling, queued, in flight) this one waits for, live and
+            at start-up; unknown names and cycles are errors.
+        group: Paths that belong together: each entry, a glob or a list of globs, is one group whose
+            members settling at the same time are handed over in one batch.
+        drift: What a far-side source's drift does: ``correct`` hands the file over again, ``detect``
+            only reports it (status, WARNING, event), ``off`` runs no far-side source.
+        options: The plugin's own table ``[consumer.options]`` (see the plugin options reference).
+    """
 
     name: str
     plugin: str

@@ -58,8 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reloadd", description=_DESCRIPTION, epilog=_EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"reloadd {version()}")
-    ap.add_argument("--log-format", choices=("text", "json"), default="text")
-    ap.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    ap.add_argument("--log-format", choices=("text", "json"), default="text",
+                    help="log lines as text, or one JSON object per line for collectors")
+    ap.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                    help="the least severe level logged")
     sub = ap.add_subparsers(dest="command", required=True)
     for name, help_ in (
         ("run", "watch and act until stopped (SIGHUP: full resync, SIGTERM/SIGINT: graceful stop)"),
@@ -70,9 +72,11 @@ def _parser() -> argparse.ArgumentParser:
         ("status", "print the running daemon's consumers, pending and failing paths"),
     ):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("--config", "-c", required=True, type=Path)
-        p.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS)
-        p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=argparse.SUPPRESS)
+        p.add_argument("--config", "-c", required=True, type=Path, help="the TOML configuration file")
+        p.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS,
+                       help="as the global flag, given after the command")
+        p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=argparse.SUPPRESS,
+                       help="as the global flag, given after the command")
         if name in ("status", "plan"):
             p.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "reload":

@@ -19,7 +19,23 @@ DEFAULT_ADDRESS = "/run/containerd/containerd.sock"
 
 @dataclass(frozen=True)
 class Settings:
-    """Options of a ``containerd-images`` consumer (see the plugin README for each key)."""
+    """Options of a ``containerd-images`` consumer.
+
+    Attributes:
+        address: containerd's gRPC socket.
+        namespace: Namespace for imported images (CRI's is ``k8s.io``; elsewhere no CRI records are made).
+        snapshotter: Snapshotter to unpack into.
+        unpack: Unpack the host platform at import, so the first pod start does not pay for it.
+        platforms: ``["linux/amd64", ...]``: keep only these (absent: all); missing platform content is
+            skipped either way.
+        concurrency: Files imported at once.
+        pin: Label images ``io.cri-containerd.pinned=pinned`` (kubelet's image GC skips them, containerd
+            ≥ 1.7.3; k3s's own ``io.cattle.k3s.pinned`` is not written, add it with ``labels`` if wanted).
+        on_delete: When a file goes: ``unpin``, ``remove`` the image records, or ``keep``.
+        labels: Extra labels for every image record.
+        pull_timeout: Deadline of one CRI PullImage (a ``.txt`` list's line).
+        timeout: Deadline of other containerd calls.
+    """
 
     address: str = DEFAULT_ADDRESS
     namespace: str = "k8s.io"

@@ -63,7 +63,26 @@ class Settings:
 
     @classmethod
     def from_context(cls, ctx: ConsumerContext) -> Settings:
-        """Read ``ctx.options`` strictly (unknown keys are a :class:`reloadd.ConfigError`)."""
+        """Read ``ctx.options`` strictly (unknown keys are a :class:`reloadd.ConfigError`).
+
+        The consumer's roots come from these options (``paths`` is not used).
+
+        Options:
+            registries_conf: The main containers-registries.conf(5) file; may be absent.
+            registries_conf_d: Its drop-in folder (``*.conf`` directly in it, in lexical order); may be absent.
+            registries_yaml: A k3s-style ``registries.yaml`` read after them (absent: none).
+            hosts_dir: Where ``<host>/hosts.toml`` files are written (containerd's ``config_path``).
+            certs_dirs: Folders of ``<host>/*.crt``, ``*.cert`` + ``*.key`` files listed as ``ca`` and
+                ``client`` in hosts.toml.
+            containerd_config: containerd's config.toml to check at start-up for a matching ``config_path``
+                (``""`` skips the check).
+            max_file_size: Bytes; larger inputs are rejected unread.
+            follow_symlinks: ``inside``: a symlinked drop-in must resolve inside the drop-in folder
+                (ConfigMap mounts); ``root-owned``: anywhere, if every link and the file are owned by root
+                (NixOS).
+            notify: The optional action after an apply that changed files (one of ``command``, ``url``,
+                ``pid``/``pid_file``).
+        """
         where = f"consumer {ctx.name!r} options"
         base = ctx.config_file.parent if ctx.config_file else None
         opts = Options(ctx.options, where=where)
