@@ -122,6 +122,7 @@ class KubeCluster:
         workdir: Where to put certs, data and logs (default: a new temp dir, removed on stop).
         controllers: Controllers kube-controller-manager runs; empty to not start it.
         startup_timeout: Seconds to wait for ``/readyz``.
+        scheduler: Also start kube-scheduler (a node's pods need it: ``tests/kube/node.py``).
     """
 
     def __init__(
@@ -133,8 +134,10 @@ class KubeCluster:
         startup_timeout: float = 90.0,
         users: Sequence[str] = (),
         audit: bool = False,
+        scheduler: bool = False,
     ) -> None:
         self.bin_dir = bin_dir or kube_bin_dir()
+        self.scheduler = scheduler
         self.users = {u: f"{u}-" + secrets.token_hex(16) for u in users}
         """Extra users (group system:masters), each with its own token: several clients told apart in the audit log."""
         self.audit = audit
@@ -156,6 +159,11 @@ class KubeCluster:
     def server(self) -> str:
         """The API server URL, ``https://127.0.0.1:<port>``."""
         return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        """The client TLS context that trusts the API server (for a streaming request, such as a watch)."""
+        return self._ssl
 
     @property
     def ca_file(self) -> Path:
@@ -203,7 +211,7 @@ class KubeCluster:
         return out
 
     def log_file(self, component: str) -> Path:
-        """The log file of ``etcd``, ``kube-apiserver`` or ``kube-controller-manager``."""
+        """The log file of ``etcd``, ``kube-apiserver``, ``kube-controller-manager`` or ``kube-scheduler``."""
         return self.workdir / f"{component}.log"
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -213,7 +221,7 @@ class KubeCluster:
         Raises:
             KubeStartError: with the relevant log tail when something did not come up.
         """
-        for name in ("kube-apiserver", "kube-controller-manager"):
+        for name in ("kube-apiserver", "kube-controller-manager", *(["kube-scheduler"] if self.scheduler else [])):
             if not os.access(self.bin_dir / name, os.X_OK):
                 raise KubeStartError(
                     f"{self.bin_dir / name} missing: run `make kube` (scripts/infra/build-kube-apiserver.sh)"
@@ -284,6 +292,11 @@ class KubeCluster:
                 f"--kubeconfig={self.kubeconfig}", f"--controllers={','.join(self.controllers)}",
                 "--leader-elect=false", "--port=0", "--secure-port=0", "--profiling=false",
             ])
+        if self.scheduler:
+            self._spawn("kube-scheduler", [
+                str(self.bin_dir / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false", "--port=0", "--secure-port=0", "--profiling=false",
+            ])
 
     def restart_apiserver(self) -> None:
         """Kill kube-apiserver (a crash, or a node reboot) and start it again on the same port.
@@ -340,9 +353,9 @@ class KubeCluster:
         self._check_alive()
 
     def stop(self) -> None:
-        """Stop the processes (controller manager first, etcd last) and remove the temp dir."""
+        """Stop the processes (scheduler and controller manager first, etcd last) and remove the temp dir."""
         atexit.unregister(self.stop)
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self._procs.pop(name, None)
             if proc is None or proc.poll() is not None:
                 continue
