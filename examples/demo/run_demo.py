@@ -267,11 +267,20 @@ async def smoke(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path,
         raise RuntimeError(f"reloadd status failed ({code})")
 
 
-async def smoke_node(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, cluster: Any) -> None:
-    """The air-gap flow on the node: tarball, mirror drop-in and Deployment dropped together, each step seen."""
+async def smoke_node(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, cluster: Any, port: int) -> None:
+    """The air-gap flow on the node: tarball, mirror drop-in and Deployment dropped together, each step seen.
+
+    Dropped once reloadd is ready (its start-up pass done), so they arrive as a running node's folders see
+    them: one settle window, handed over in ``after`` order (mirrors, images, manifests).
+    """
     from tests.kube.watch import condition, wait_for
 
     ctr = ["ctr", "-a", ctd, "-n", "k8s.io"]
+
+    async def ready() -> bool:
+        return (await _run("curl", "-sf", f"http://127.0.0.1:{port}/readyz"))[0] == 0
+
+    await _until(ready, "reloadd ready")
     drops = (("images", "hello.tar"), ("registries.conf.d", "50-demo-mirror.conf"), ("manifests", "hello.yaml"))
     for sub, name in drops:  # copied under an ignored name (*.tmp), then renamed in together
         shutil.copy(samples / name, folders / sub / f".{name}.tmp")
@@ -488,7 +497,7 @@ async def demo(args: argparse.Namespace) -> int:
             if args.smoke:
                 if use_node:
                     assert kube is not None
-                    work = asyncio.create_task(smoke_node(root, folders, samples, ctd_address, cfg, kube))
+                    work = asyncio.create_task(smoke_node(root, folders, samples, ctd_address, cfg, kube, port))
                 else:
                     work = asyncio.create_task(smoke(root, folders, samples, ctd_address, cfg, wait_cluster))
                 done, _ = await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
