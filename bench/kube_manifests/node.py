@@ -35,7 +35,7 @@ from typing import Any
 import reloadd
 from tests.infra import SERVE, busybox_image, write_oci_archive
 from tests.kube.apiserver import KubeCluster
-from tests.kube.node import NODE_CONTROLLERS, KubeNode
+from tests.kube.node import kube_with_node
 from tests.kube.watch import wait_for
 from tests.kube_manifests._corpus import KUBECTL
 from tests.node.support import available, deployment, ensure_namespace, yaml_of
@@ -87,7 +87,8 @@ async def run(rounds: int, quiet: str) -> dict[str, Any]:
         raise SystemExit(f"kubectl not found at {KUBECTL}: run `make kube` (scripts/infra/fetch-kubectl.sh)")
     work = Path(tempfile.mkdtemp(prefix="reloadd-bench-node-"))
     try:
-        with KubeCluster(controllers=NODE_CONTROLLERS, scheduler=True) as kube, KubeNode(kube) as node:
+        with kube_with_node() as node:
+            kube = node.cluster
             archive = work / "web.tar"
             write_oci_archive(archive, [busybox_image(IMAGE, SERVE)])
             node.ctr("images", "import", str(archive))

@@ -410,7 +410,7 @@ async def demo(args: argparse.Namespace) -> int:
     """Start everything, run reloadd until Ctrl-C (or the smoke check ends), stop everything."""
     from tests.infra import local_registry, private_containerd
     from tests.kube.apiserver import KubeCluster
-    from tests.kube.node import NODE_CONTROLLERS, KubeNode
+    from tests.kube.node import kube_with_node
 
     missing = [b for b in NEEDED if shutil.which(b) is None]
     if missing:
@@ -433,12 +433,10 @@ async def demo(args: argparse.Namespace) -> int:
             if use_node:
                 say("starting a local registry, etcd, kube-apiserver, kube-scheduler, a private containerd "
                     "and a kubelet (a real node, ~20 s) ...")
-                kube = KubeCluster(controllers=NODE_CONTROLLERS, scheduler=True)
-                stack.callback(kube.stop)
-                await asyncio.to_thread(kube.start)
-                node = KubeNode(kube, hosts_dir=root / "certs.d")
-                stack.callback(node.stop)
-                await asyncio.to_thread(node.start)
+                starting = kube_with_node(hosts_dir=root / "certs.d")
+                node = await asyncio.to_thread(starting.__enter__)
+                stack.push(starting.__exit__)  # the node stopped first (its pods deleted), then the cluster
+                kube = node.cluster
                 ctd_address = node.address
                 kubeconfig = kube.kubeconfig
                 say(f"node {node.name} is Ready")

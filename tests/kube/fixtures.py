@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from .apiserver import KubeCluster
-from .node import NODE_CONTROLLERS, KubeNode
+from .node import KubeNode, kube_with_node
 
 __all__ = ["kube", "kube_node"]
 
@@ -32,14 +32,13 @@ def kube_node() -> Iterator[KubeNode]:
     Its own control plane (``kube_node.cluster``: etcd, kube-apiserver, kube-controller-manager with the
     deployment, replicaset and nodelifecycle controllers, kube-scheduler), a private containerd 1.6
     (``kube_node.address``, images in namespace ``k8s.io``) and a kubelet v1.20.2 registered as
-    ``node1`` and Ready (~16 s after it starts). The shared ``kube`` stays without a node, so the pods of
-    other tests' Deployments never run. After the session nothing of the node is left on the machine.
+    ``node1`` and Ready; the kubelet starts beside the control plane (``kube_with_node``). The shared
+    ``kube`` stays without a node, so the pods of other tests' Deployments never run. After the session
+    nothing of the node is left on the machine. How to use it: docs/testbed.md.
     """
-    with KubeCluster(controllers=NODE_CONTROLLERS, scheduler=True) as cluster:
-        node = KubeNode(cluster)
-        with node:
-            yield node
-            node.assert_running()
-            cluster.assert_running()
+    with kube_with_node() as node:
+        yield node
+        node.assert_running()
+        node.cluster.assert_running()
     left = node.leftovers()
     assert left == [], f"the test node left these on the machine: {left}"

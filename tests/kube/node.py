@@ -34,9 +34,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from tests.infra.busybox import PAUSE, busybox_image
 from tests.infra.containerd import NodeCri, containerd_config, get_release, unmount_under
@@ -46,7 +49,7 @@ from .apiserver import KubeCluster, _free_ports
 from .hostclean import HostState, mounts_under, processes_under
 from .watch import WaitTimeout, condition, wait_for
 
-__all__ = ["NODE_CONTROLLERS", "SANDBOX_IMAGE", "KubeNode", "NodeError"]
+__all__ = ["NODE_CONTROLLERS", "SANDBOX_IMAGE", "KubeNode", "NodeError", "kube_with_node"]
 
 NODE_CONTROLLERS = ("namespace", "garbagecollector", "deployment", "replicaset", "nodelifecycle")
 """What kube-controller-manager runs next to a node: Deployments get ReplicaSets, ReplicaSets get Pods."""
@@ -113,6 +116,22 @@ class KubeNode:
         Raises:
             NodeError: with the relevant log tail.
         """
+        self.launch()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def launch(self, cluster_gone: threading.Event | None = None) -> None:
+        """Start containerd, import the sandbox image and start the kubelet, without waiting for Ready.
+
+        The cluster may still be starting (:func:`kube_with_node`): the kubelet is started as soon as the
+        cluster's kubeconfig is written, and registers once the API server answers.
+
+        Args:
+            cluster_gone: Set when the cluster's start ended (then a kubeconfig that is not there never comes).
+        """
         kubelet = self.cluster.bin_dir / "kubelet"
         if not os.access(kubelet, os.X_OK):
             raise NodeError(f"{kubelet} missing: run `make kube` (scripts/infra/build-kube-apiserver.sh)")
@@ -124,8 +143,13 @@ class KubeNode:
             archive = self.dir / "pause.tar"
             write_oci_archive(archive, [busybox_image(SANDBOX_IMAGE, PAUSE)])
             self.ctr("images", "import", str(archive))
+            while not self.cluster.kubeconfig.exists():
+                if cluster_gone is not None and cluster_gone.wait(0.05):
+                    if not self.cluster.kubeconfig.exists():
+                        raise NodeError("the cluster did not start: no kubeconfig for the kubelet")
+                elif cluster_gone is None:
+                    raise NodeError(f"{self.cluster.kubeconfig} missing: start the cluster first")
             self._start_kubelet()
-            self._wait_ready()
         except BaseException:
             self.stop()
             raise
@@ -190,7 +214,8 @@ class KubeNode:
             "--kube-api-qps=50", "--kube-api-burst=100", "--v=2",
         ], dict(os.environ))
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self) -> None:
+        """Wait until the node's Ready condition is True (the cluster must be serving)."""
         deadline = time.monotonic() + self.ready_timeout
         while True:
             self._check_alive()
@@ -328,3 +353,43 @@ class KubeNode:
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
+
+
+@contextlib.contextmanager
+def kube_with_node(**node_options: Any) -> Iterator[KubeNode]:
+    """A cluster for a node (:data:`NODE_CONTROLLERS`, kube-scheduler) and a :class:`KubeNode` on it, Ready.
+
+    Both start side by side: containerd and the kubelet's own start-up (~8 s) overlap the control plane's
+    (7-17 s here). On exit the node is stopped first (its pods are deleted through the API), then the cluster.
+    ``node.cluster`` is the cluster.
+
+    Args:
+        node_options: Passed to :class:`KubeNode` (``name``, ``release``, ``hosts_dir``, ...).
+    """
+    cluster = KubeCluster(controllers=NODE_CONTROLLERS, scheduler=True)
+    node = KubeNode(cluster, **node_options)
+    started = threading.Event()
+    failure: list[BaseException] = []
+
+    def start_cluster() -> None:
+        try:
+            cluster.start()
+        except BaseException as exc:  # handed to the caller's thread below
+            failure.append(exc)
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=start_cluster, name="kube-start", daemon=True)
+    thread.start()
+    try:
+        try:
+            node.launch(started)
+        finally:
+            thread.join()
+        if failure:
+            raise failure[0]
+        node.wait_ready()
+        yield node
+    finally:
+        node.stop()
+        cluster.stop()
