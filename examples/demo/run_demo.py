@@ -152,18 +152,9 @@ async def make_samples(root: Path, registry_host: str, node: bool = False) -> Pa
     return samples
 
 
-def manifest_instructions(folders: Path, samples: Path, kube: Any, node: bool = False) -> str:
-    """How to try the manifests folder against ``kube`` (with a node: the Deployment of the sample image)."""
+def manifest_instructions(folders: Path, samples: Path, kube: Any) -> str:
+    """How to try the manifests folder against ``kube``."""
     rel = folders.relative_to(Path.cwd()) if folders.is_relative_to(Path.cwd()) else folders
-    if node:
-        return "\n".join([
-            f"{BOLD}3. Run it on the node{RESET}: drop the tarball and a Deployment of it together",
-            f"     cp {samples}/hello.tar {rel}/images/ && cp {samples}/hello.yaml {rel}/manifests/",
-            f"     curl -s --cacert {kube.ca_file} -H 'Authorization: Bearer {kube.admin_token}' \\",
-            f"       '{kube.server}/api/v1/namespaces/default/pods?labelSelector=app%3Dhello' | grep phase",
-            f"     {DIM}# imported first (manifests are `after` images), then applied: the pod runs{RESET}",
-            "",
-        ])
     return "\n".join([
         f"{BOLD}3. Apply a manifest{RESET}: drop YAML into {rel}/manifests/",
         f"     cp {samples}/hello.yaml {rel}/manifests/",
@@ -179,6 +170,22 @@ def instructions(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, 
     """What to drop where and what to run to see the result."""
     rel = folders.relative_to(Path.cwd()) if folders.is_relative_to(Path.cwd()) else folders
     ctr = f"ctr -a {ctd} -n k8s.io"
+    if node and kube is not None:
+        return "\n".join([
+            f"{BOLD}reloadd demo is running{RESET} on node1 (work dir {root}). In another terminal:",
+            "",
+            f"{BOLD}1. Run an image no registry has{RESET}: drop its tarball and a Deployment of it together",
+            f"     cp {samples}/hello.tar {rel}/images/ && cp {samples}/hello.yaml {rel}/manifests/",
+            f"     {ctr} images ls -q            {DIM}# {IMAGE_V1} imported first ...{RESET}",
+            f"     curl -s --cacert {kube.ca_file} -H 'Authorization: Bearer {kube.admin_token}' \\",
+            f"       '{kube.server}/api/v1/namespaces/default/pods?labelSelector=app%3Dhello' | grep phase"
+            f"   {DIM}# ... then applied: Running{RESET}",
+            f"{BOLD}2. Add a registry mirror{RESET}: drop a registries.conf(5) file into {rel}/registries.conf.d/",
+            f"     cp {samples}/50-demo-mirror.conf {rel}/registries.conf.d/; cat {root}/certs.d/*/hosts.toml",
+            f"     {ctr} images pull --hosts-dir {root}/certs.d {IMAGE_V2}   {DIM}# served by the demo registry{RESET}",
+            f"{BOLD}Watch it{RESET}: reloadd status --config {cfg}",
+            f"     curl -s http://127.0.0.1:{port}/metrics | grep ^reloadd_   {DIM}# Ctrl-C stops everything{RESET}",
+        ])
     out = [
         f"{BOLD}reloadd demo is running{RESET} (work dir {root}). In another terminal:",
         "",
@@ -194,7 +201,7 @@ def instructions(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, 
         "",
     ]
     if kube is not None:
-        out.append(manifest_instructions(folders, samples, kube, node))
+        out.append(manifest_instructions(folders, samples, kube))
     elif building:
         out += [f"{DIM}3. Manifests: on as soon as the kube-apiserver build finishes (see below){RESET}", ""]
     else:
@@ -281,10 +288,9 @@ async def smoke_node(root: Path, folders: Path, samples: Path, ctd: str, cfg: Pa
         return (await _run("curl", "-sf", f"http://127.0.0.1:{port}/readyz"))[0] == 0
 
     await _until(ready, "reloadd ready")
-    drops = (("images", "hello.tar"), ("registries.conf.d", "50-demo-mirror.conf"), ("manifests", "hello.yaml"))
-    for sub, name in drops:  # copied under an ignored name (*.tmp), then renamed in together
+    for sub, name in SAMPLE_DROPS:  # copied under an ignored name (*.tmp), then renamed in together
         shutil.copy(samples / name, folders / sub / f".{name}.tmp")
-    for sub, name in drops:
+    for sub, name in SAMPLE_DROPS:
         os.rename(folders / sub / f".{name}.tmp", folders / sub / name)
     say("smoke: dropped images/hello.tar, registries.conf.d/50-demo-mirror.conf and manifests/hello.yaml together")
     hosts = root / "certs.d" / "docker.io" / "hosts.toml"
@@ -516,11 +522,25 @@ async def demo(args: argparse.Namespace) -> int:
         for t in tasks:
             t.cancel()
         await daemon.stop()
+        if args.smoke:
+            remove_dropped(folders, root / "samples")
         if args.keep:
             say(f"kept {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+SAMPLE_DROPS = (("images", "hello.tar"), ("registries.conf.d", "50-demo-mirror.conf"), ("manifests", "hello.yaml"))
+
+
+def remove_dropped(folders: Path, samples: Path) -> None:
+    """Take back the samples a smoke run dropped (same bytes only), so the next run starts from empty folders."""
+    for sub, name in SAMPLE_DROPS:
+        dropped, sample = folders / sub / name, samples / name
+        with contextlib.suppress(OSError):
+            if dropped.read_bytes() == sample.read_bytes():
+                dropped.unlink()
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
