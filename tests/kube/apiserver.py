@@ -47,7 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["DEFAULT_BIN_DIR", "KubeCluster", "KubeStartError", "kube_bin_dir", "kube_cluster"]
+__all__ = ["DEFAULT_BIN_DIR", "KubeCluster", "KubeStartError", "kube_bin_dir", "kube_cluster", "log_tail", "terminate"]
 
 DEFAULT_BIN_DIR = Path("/var/cache/reloadd/kube-v1.20.2")
 RESTRICTED_USER = "restricted"
@@ -61,6 +61,29 @@ class KubeStartError(RuntimeError):
 def kube_bin_dir() -> Path:
     """The directory holding ``kube-apiserver`` and ``kube-controller-manager``."""
     return Path(os.environ.get("RELOADD_KUBE_BIN") or DEFAULT_BIN_DIR)
+
+
+def terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
+    """SIGTERM ``proc`` and reap it; SIGKILL it if it has not exited after ``timeout`` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=timeout)
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a child's log file ("" when it cannot be read)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def _free_ports(n: int) -> list[int]:
@@ -319,11 +342,7 @@ class KubeCluster:
             )
 
     def _tail(self, name: str, lines: int = 30) -> str:
-        try:
-            text = self.log_file(name).read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_file(name), lines)
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():
@@ -356,17 +375,7 @@ class KubeCluster:
         """Stop the processes (scheduler and controller manager first, etcd last) and remove the temp dir."""
         atexit.unregister(self.stop)
         for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
-            proc = self._procs.pop(name, None)
-            if proc is None or proc.poll() is not None:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                proc.wait(timeout=15)
+            terminate(self._procs.pop(name, None))
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

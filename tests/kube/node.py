@@ -45,7 +45,7 @@ from tests.infra.busybox import PAUSE, busybox_image
 from tests.infra.containerd import NodeCri, containerd_config, get_release, unmount_under
 from tests.infra.images import write_oci_archive
 
-from .apiserver import KubeCluster, _free_ports
+from .apiserver import KubeCluster, _free_ports, log_tail, terminate
 from .hostclean import HostState, mounts_under, processes_under
 from .watch import WaitTimeout, condition, wait_for
 
@@ -254,11 +254,7 @@ class KubeNode:
         self._check_alive()
 
     def _tail(self, name: str, lines: int = 30) -> str:
-        try:
-            text = self.log_file(name).read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_file(name), lines)
 
     # --- teardown ----------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -315,17 +311,7 @@ class KubeNode:
             self.ctr("tasks", "rm", "-f", tid, check=False)
 
     def _terminate(self, name: str) -> None:
-        proc = self._procs.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait(timeout=15)
+        terminate(self._procs.pop(name, None))
 
     def leftovers(self) -> list[str]:
         """What the node left on the machine after :meth:`stop`: processes, mounts, links, files, settings."""
