@@ -39,7 +39,6 @@ import signal
 import socket
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,19 +47,12 @@ REPO = Path(__file__).resolve().parents[2]
 if __package__ in (None, ""):  # run as a script (python examples/demo/run_demo.py)
     sys.path.insert(0, str(REPO))
 
+# importable once REPO is on sys.path (run as a script), hence after it
+from examples.demo._common import BOLD, DIM, IMAGE_V1, IMAGE_V2, RESET, SAMPLE_DROPS, run_command, say, until  # noqa: E402 - see above
+from examples.demo.node import hello_deployment, node_binaries, node_instructions, smoke_node  # noqa: E402 - idem
+
 HERE = Path(__file__).resolve().parent
 NEEDED = ("containerd", "ctr", "docker-registry", "skopeo")
-IMAGE_V1 = "docker.io/demo/hello:v1"
-IMAGE_V2 = "docker.io/demo/hello:v2"
-NODE_BINARIES = ("kubelet", "kube-scheduler")
-
-BOLD, DIM, RESET = ("\033[1m", "\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "", "")
-
-
-def say(text: str = "") -> None:
-    """Print a line of the demo's own output (reloadd's logs go to stderr)."""
-    print(text, flush=True)
-
 
 def _arch() -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
@@ -113,17 +105,6 @@ def write_config(root: Path, folders: Path, ctd_address: str, kubeconfig: Path |
     return path
 
 
-def hello_deployment() -> str:
-    """The node's sample manifest: a Deployment of the sample image, which no registry can serve."""
-    return (
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: hello\n  namespace: default\n"
-        "spec:\n  replicas: 1\n  selector:\n    matchLabels: {app: hello}\n  template:\n"
-        "    metadata:\n      labels: {app: hello}\n    spec:\n      terminationGracePeriodSeconds: 2\n"
-        f"      containers:\n      - name: hello\n        image: {IMAGE_V1}\n"
-        "        imagePullPolicy: Never   # air-gapped: only an image reloadd imported can run\n"
-    )
-
-
 async def make_samples(root: Path, registry_host: str, node: bool = False) -> Path:
     """An image tarball, a mirror drop-in and a manifest to drop into the watched folders.
 
@@ -171,21 +152,7 @@ def instructions(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, 
     rel = folders.relative_to(Path.cwd()) if folders.is_relative_to(Path.cwd()) else folders
     ctr = f"ctr -a {ctd} -n k8s.io"
     if node and kube is not None:
-        return "\n".join([
-            f"{BOLD}reloadd demo is running{RESET} on node1 (work dir {root}). In another terminal:",
-            "",
-            f"{BOLD}1. Run an image no registry has{RESET}: drop its tarball and a Deployment of it together",
-            f"     cp {samples}/hello.tar {rel}/images/ && cp {samples}/hello.yaml {rel}/manifests/",
-            f"     {ctr} images ls -q            {DIM}# {IMAGE_V1} imported first ...{RESET}",
-            f"     curl -s --cacert {kube.ca_file} -H 'Authorization: Bearer {kube.admin_token}' \\",
-            f"       '{kube.server}/api/v1/namespaces/default/pods?labelSelector=app%3Dhello' | grep phase"
-            f"   {DIM}# ... then applied: Running{RESET}",
-            f"{BOLD}2. Add a registry mirror{RESET}: drop a registries.conf(5) file into {rel}/registries.conf.d/",
-            f"     cp {samples}/50-demo-mirror.conf {rel}/registries.conf.d/; cat {root}/certs.d/*/hosts.toml",
-            f"     {ctr} images pull --hosts-dir {root}/certs.d {IMAGE_V2}   {DIM}# served by the demo registry{RESET}",
-            f"{BOLD}Watch it{RESET}: reloadd status --config {cfg}",
-            f"     curl -s http://127.0.0.1:{port}/metrics | grep ^reloadd_   {DIM}# Ctrl-C stops everything{RESET}",
-        ])
+        return node_instructions(root, rel, samples, ctr, cfg, port, kube)
     out = [
         f"{BOLD}reloadd demo is running{RESET} (work dir {root}). In another terminal:",
         "",
@@ -218,22 +185,6 @@ def instructions(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, 
     return "\n".join(out)
 
 
-async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
-async def _run(*argv: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)
-    out, _ = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace")
-
-
 async def smoke(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path,
                 kube: Callable[[], Awaitable[Any | None]]) -> None:
     """Do what the instructions say and check each result (``kube()`` waits for the cluster, if any)."""
@@ -241,9 +192,9 @@ async def smoke(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path,
     shutil.copy(samples / "hello.tar", folders / "images" / "hello.tar")
 
     async def imported() -> bool:
-        return IMAGE_V1 in (await _run(*ctr, "images", "ls", "-q"))[1].split()
+        return IMAGE_V1 in (await run_command(*ctr, "images", "ls", "-q"))[1].split()
 
-    await _until(imported, f"{IMAGE_V1} in containerd")
+    await until(imported, f"{IMAGE_V1} in containerd")
     say(f"smoke: {IMAGE_V1} imported into containerd")
 
     shutil.copy(samples / "50-demo-mirror.conf", folders / "registries.conf.d" / "50-demo-mirror.conf")
@@ -252,8 +203,8 @@ async def smoke(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path,
     async def mirrored() -> bool:
         return hosts.exists()
 
-    await _until(mirrored, str(hosts))
-    code, out = await _run(*ctr, "images", "pull", "--hosts-dir", str(root / "certs.d"), IMAGE_V2)
+    await until(mirrored, str(hosts))
+    code, out = await run_command(*ctr, "images", "pull", "--hosts-dir", str(root / "certs.d"), IMAGE_V2)
     if code != 0:
         raise RuntimeError(f"pull through the mirror failed: {out}")
     say(f"smoke: {IMAGE_V2} pulled through the mirror")
@@ -266,77 +217,12 @@ async def smoke(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path,
             got = await asyncio.to_thread(cluster.get, "/api/v1/namespaces/default/configmaps/hello-from-reloadd")
             return got is not None
 
-        await _until(applied, "the ConfigMap")
+        await until(applied, "the ConfigMap")
         say("smoke: manifests/hello.yaml applied")
-    code, out = await _run(sys.executable, "-m", "reloadd", "status", "--config", str(cfg))
+    code, out = await run_command(sys.executable, "-m", "reloadd", "status", "--config", str(cfg))
     say(out)
     if code not in (0, 3):
         raise RuntimeError(f"reloadd status failed ({code})")
-
-
-async def smoke_node(root: Path, folders: Path, samples: Path, ctd: str, cfg: Path, cluster: Any, port: int) -> None:
-    """The air-gap flow on the node: tarball, mirror drop-in and Deployment dropped together, each step seen.
-
-    Dropped once reloadd is ready (its start-up pass done), so they arrive as a running node's folders see
-    them: one settle window, handed over in ``after`` order (mirrors, images, manifests).
-    """
-    from tests.kube.watch import condition, wait_for
-
-    ctr = ["ctr", "-a", ctd, "-n", "k8s.io"]
-
-    async def ready() -> bool:
-        return (await _run("curl", "-sf", f"http://127.0.0.1:{port}/readyz"))[0] == 0
-
-    await _until(ready, "reloadd ready")
-    for sub, name in SAMPLE_DROPS:  # copied under an ignored name (*.tmp), then renamed in together
-        shutil.copy(samples / name, folders / sub / f".{name}.tmp")
-    for sub, name in SAMPLE_DROPS:
-        os.rename(folders / sub / f".{name}.tmp", folders / sub / name)
-    say("smoke: dropped images/hello.tar, registries.conf.d/50-demo-mirror.conf and manifests/hello.yaml together")
-    hosts = root / "certs.d" / "docker.io" / "hosts.toml"
-
-    async def mirrored() -> bool:
-        return hosts.exists()
-
-    await _until(mirrored, str(hosts))
-    say(f"smoke: mirror written: {hosts}")
-
-    async def imported() -> bool:
-        return IMAGE_V1 in (await _run(*ctr, "images", "ls", "-q"))[1].split()
-
-    await _until(imported, f"{IMAGE_V1} in containerd")
-    say(f"smoke: {IMAGE_V1} imported into containerd")
-
-    async def applied() -> bool:
-        return await asyncio.to_thread(cluster.get, "/apis/apps/v1/namespaces/default/deployments/hello") is not None
-
-    await _until(applied, "the Deployment")
-    say("smoke: manifests/hello.yaml applied (Deployment default/hello)")
-    pod = await asyncio.to_thread(
-        wait_for, cluster, "/api/v1/namespaces/default/pods",
-        lambda p: p["status"].get("phase") == "Running" and condition(p, "Ready") == "True",
-        labels="app=hello", timeout=120)
-    say(f"smoke: pod default/{pod['metadata']['name']} Running and Ready on {pod['spec']['nodeName']} "
-        f"({IMAGE_V1}, never pulled)")
-    # HOOK (issue #59, health): once kube-manifests tracks health, wait here until `reloadd status --json`
-    # reports manifests/hello.yaml Current and print "smoke: manifests/hello.yaml Current".
-    code, out = await _run(*ctr, "images", "pull", "--hosts-dir", str(root / "certs.d"), IMAGE_V2)
-    if code != 0:
-        raise RuntimeError(f"pull through the mirror failed: {out}")
-    say(f"smoke: {IMAGE_V2} pulled through the mirror")
-    code, out = await _run(sys.executable, "-m", "reloadd", "status", "--config", str(cfg))
-    say(out)
-    if code not in (0, 3):
-        raise RuntimeError(f"reloadd status failed ({code})")
-
-
-def _node_binaries() -> bool:
-    """The kubelet and kube-scheduler are built (``make kube``) and the node's Debian packages are here."""
-    from tests.infra.busybox import BUSYBOX
-    from tests.kube.apiserver import kube_bin_dir
-
-    return (_kube_binaries() and all(os.access(kube_bin_dir() / b, os.X_OK) for b in NODE_BINARIES)
-            and BUSYBOX.exists() and os.path.exists("/usr/lib/cni/bridge"))
 
 
 def _kube_binaries() -> bool:
@@ -433,7 +319,7 @@ async def demo(args: argparse.Namespace) -> int:
     try:
         async with contextlib.AsyncExitStack() as stack:
             kubeconfig = Path(args.kubeconfig) if args.kubeconfig else None
-            use_node = kubeconfig is None and not args.no_kube and not args.no_node and _node_binaries()
+            use_node = kubeconfig is None and not args.no_kube and not args.no_node and node_binaries()
             kube: KubeCluster | None = None
             reg = await stack.enter_async_context(local_registry(root))
             if use_node:
@@ -529,9 +415,6 @@ async def demo(args: argparse.Namespace) -> int:
         else:
             shutil.rmtree(root, ignore_errors=True)
     return 0
-
-
-SAMPLE_DROPS = (("images", "hello.tar"), ("registries.conf.d", "50-demo-mirror.conf"), ("manifests", "hello.yaml"))
 
 
 def remove_dropped(folders: Path, samples: Path) -> None:
