@@ -22,6 +22,7 @@ install: $(BIN)/python
 deps:
 	bash scripts/infra/install-deps.sh
 
+# kube-apiserver, controller-manager, scheduler and the kubelet v1.20.2 (the test bed's control plane and node).
 kube: deps
 	OUT=$(KUBE_CACHE) bash scripts/infra/build-kube-apiserver.sh
 	OUT=$(KUBECTL_CACHE) bash scripts/infra/fetch-kubectl.sh
@@ -52,6 +53,7 @@ bench: deps kube containerd-releases install
 	$(BIN)/python -m bench.containerd_images --out build/bench/20-containerd-images.md
 	$(BIN)/python -m bench.containerd_images.landing --md build/bench/25-containerd-landing.md
 	$(BIN)/python -m bench.kube_manifests --md build/bench/30-kube-manifests.md
+	$(BIN)/python -m bench.kube_manifests.node --md build/bench/35-kube-node.md
 	$(BIN)/python -m bench.registry_mirrors --md build/bench/40-registry-mirrors.md
 	$(BIN)/python -m bench.drift --md build/bench/50-drift.md
 	$(BIN)/python -m bench.fleet --md build/bench/60-fleet.md

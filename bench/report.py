@@ -25,6 +25,7 @@ The machines are shared and noisy (2 cores), so every figure that compares reloa
 | containerd-images | `python -m bench.containerd_images` | each containerd release's own `ctr images import` |
 | containerd-images landing | `python -m bench.containerd_images.landing` | that release's `ctr images import` |
 | kube-manifests | `python -m bench.kube_manifests` | `kubectl apply --server-side` v1.20.2 (Debian's) |
+| kube-manifests on a node | `python -m bench.kube_manifests.node` | `kubectl apply` + `rollout status` v1.20.2 |
 | registry-mirrors | `python -m bench.registry_mirrors` | — (save → hosts.toml latency) |
 | guarded state | `python -m bench.drift` | the same reloadd with `drift = "off"` (idle CPU) |
 | fleet | `python -m bench.fleet` | the bound: one Lease write per retry period for the leader, none from standbys |

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Install the Debian packages reloadd's tests, demo and benchmarks start for real:
 # a private containerd, docker-registry and skopeo, etcd, mmdebstrap (the image), libfuse3 (the fault suite's
-# EIO-on-write file system), chromium (the docs site's browser test opens every page headless).
+# EIO-on-write file system), chromium (the docs site's browser test opens every page headless), and what the test
+# bed's node needs beside the kubelet (tests/kube/node.py): runc (containerd's runtime), the CNI plugins,
+# busybox-static (the binary its sandbox and test images run) and iproute2 (its teardown deletes the CNI bridge).
 # Idempotent: installs only what is missing.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
 for pkg in containerd docker-registry skopeo etcd-server openssl curl python3-venv vim nano rsync systemd mmdebstrap \
     libfuse3-3 fuse3 \
-    chromium; do
+    chromium \
+    runc containernetworking-plugins busybox-static iproute2; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

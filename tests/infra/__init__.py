@@ -5,11 +5,14 @@ Import from here::
     from tests.infra import private_containerd, local_registry, push_image, ImageSpec, write_oci_archive
 """
 
+from .busybox import BUSYBOX, CRASH, PAUSE, SERVE, busybox_image
 from .containerd import (
     RELEASES,
     Containerd,
     ContainerdError,
+    NodeCri,
     Release,
+    containerd_config,
     get_release,
     private_containerd,
     releases_under_test,
@@ -31,20 +34,27 @@ from .images import (
 from .registry import AccessLogEntry, Registry, RegistryError, local_registries, local_registry, push_image
 
 __all__ = [
+    "BUSYBOX",
     "COMPRESSIONS",
+    "CRASH",
+    "PAUSE",
     "RELEASES",
+    "SERVE",
     "AccessLogEntry",
     "BuiltImage",
     "Containerd",
     "ContainerdError",
     "Descriptor",
     "ImageSpec",
+    "NodeCri",
     "PlatformImage",
     "Registry",
     "RegistryError",
     "Release",
     "build_image",
+    "busybox_image",
     "compress",
+    "containerd_config",
     "deterministic_tar",
     "get_release",
     "local_registries",

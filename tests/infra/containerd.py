@@ -37,7 +37,9 @@ __all__ = [
     "RELEASES",
     "Containerd",
     "ContainerdError",
+    "NodeCri",
     "Release",
+    "containerd_config",
     "get_release",
     "private_containerd",
     "releases_under_test",
@@ -113,9 +115,46 @@ class _CriMissing(Exception):
     """containerd serves gRPC but its CRI plugin did not load."""
 
 
-def _config(
-    d: Path, root: Path, state: Path, address: str, hosts_dir: Path | None, snapshotter: str, version: int
+@dataclass(frozen=True)
+class NodeCri:
+    """The CRI settings that make a private containerd the runtime of a real kubelet (docs/testbed.md).
+
+    Attributes:
+        sandbox_image: Every pod's sandbox image; it must be imported beforehand (nothing can be pulled).
+        cni_conf_dir: A private CNI config dir (a bridge + host-local conflist).
+        cni_bin_dir: The CNI plugins (Debian's ``containernetworking-plugins``).
+        runc_root: runc's state dir for the CRI's containers (private, not the system's ``/run/containerd/runc``).
+
+    Beyond these, the CRI section then has ``restrict_oom_score_adj = true``: on these machines no process,
+    root included, may lower its ``oom_score_adj``, and the CRI plugin gives every sandbox -998, so runc
+    fails (``can't get final child's PID from pipe``) unless the value is clamped to containerd's own.
+    """
+
+    sandbox_image: str
+    cni_conf_dir: Path
+    runc_root: Path
+    cni_bin_dir: Path = Path("/usr/lib/cni")
+
+
+def containerd_config(
+    d: Path,
+    root: Path,
+    state: Path,
+    address: str,
+    *,
+    hosts_dir: Path | None = None,
+    snapshotter: str = "overlayfs",
+    version: int = 2,
+    node: NodeCri | None = None,
 ) -> str:
+    """The config.toml of a private containerd in ``d`` (what :func:`private_containerd` writes).
+
+    Args:
+        node: CRI settings for a kubelet; only for config version 2 (containerd 1.6 and 1.7: the 1.20
+            kubelet speaks CRI v1alpha2, which 2.x dropped).
+    """
+    if node is not None and version >= 3:
+        raise ContainerdError("a kubelet 1.20 speaks CRI v1alpha2, which containerd 2.x dropped: use 1.6 or 1.7")
     head = f"""version = {version}
 root = "{root}"
 state = "{state}"
@@ -150,12 +189,29 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       {hosts}
 """
     # version 2 (1.6, 1.7): everything CRI under io.containerd.grpc.v1.cri, continued here
-    return head + f"""    disable_apparmor = true
+    if node is None:
+        return head + f"""    disable_apparmor = true
     [plugins."io.containerd.grpc.v1.cri".cni]
       bin_dir = "{d}/cni/bin"
       conf_dir = "{d}/cni/conf"
     [plugins."io.containerd.grpc.v1.cri".containerd]
       snapshotter = "{snapshotter}"
+    [plugins."io.containerd.grpc.v1.cri".registry]
+      {hosts}
+"""
+    return head + f"""    disable_apparmor = true
+    restrict_oom_score_adj = true
+    sandbox_image = "{node.sandbox_image}"
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "{node.cni_bin_dir}"
+      conf_dir = "{node.cni_conf_dir}"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "{snapshotter}"
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          Root = "{node.runc_root}"
     [plugins."io.containerd.grpc.v1.cri".registry]
       {hosts}
 """
@@ -420,6 +476,7 @@ async def private_containerd(
     snapshotter: str = "overlayfs",
     name: str = "containerd",
     release: str = "1.6",
+    node: NodeCri | None = None,
 ) -> AsyncIterator[Containerd]:
     """Start a private containerd under ``tmp_path/<name>``; stop and clean it on exit.
 
@@ -430,6 +487,8 @@ async def private_containerd(
         snapshotter: The CRI default snapshotter.
         name: Sub-directory name, to run several instances in one test.
         release: Which containerd (a key of ``RELEASES``).
+        node: CRI settings for a kubelet (:class:`NodeCri`); the session's node (``tests/kube/node.py``)
+            starts its own containerd with them.
     """
     rel = get_release(release)
     rel.check()
@@ -441,7 +500,8 @@ async def private_containerd(
     sockdir = Path(tempfile.mkdtemp(prefix="ctd-", dir="/tmp"))
     address = str(sockdir / "containerd.sock")
     config = d / "config.toml"
-    config.write_text(_config(d, root, state, address, hosts_dir, snapshotter, rel.config_version))
+    config.write_text(containerd_config(d, root, state, address, hosts_dir=hosts_dir, snapshotter=snapshotter,
+                                        version=rel.config_version, node=node))
     ctd = Containerd(
         dir=d,
         address=address,

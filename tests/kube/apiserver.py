@@ -47,7 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["DEFAULT_BIN_DIR", "KubeCluster", "KubeStartError", "kube_bin_dir", "kube_cluster"]
+__all__ = ["DEFAULT_BIN_DIR", "KubeCluster", "KubeStartError", "kube_bin_dir", "kube_cluster", "log_tail", "terminate"]
 
 DEFAULT_BIN_DIR = Path("/var/cache/reloadd/kube-v1.20.2")
 RESTRICTED_USER = "restricted"
@@ -61,6 +61,29 @@ class KubeStartError(RuntimeError):
 def kube_bin_dir() -> Path:
     """The directory holding ``kube-apiserver`` and ``kube-controller-manager``."""
     return Path(os.environ.get("RELOADD_KUBE_BIN") or DEFAULT_BIN_DIR)
+
+
+def terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
+    """SIGTERM ``proc`` and reap it; SIGKILL it if it has not exited after ``timeout`` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=timeout)
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a child's log file ("" when it cannot be read)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def _free_ports(n: int) -> list[int]:
@@ -122,6 +145,7 @@ class KubeCluster:
         workdir: Where to put certs, data and logs (default: a new temp dir, removed on stop).
         controllers: Controllers kube-controller-manager runs; empty to not start it.
         startup_timeout: Seconds to wait for ``/readyz``.
+        scheduler: Also start kube-scheduler (a node's pods need it: ``tests/kube/node.py``).
     """
 
     def __init__(
@@ -133,8 +157,10 @@ class KubeCluster:
         startup_timeout: float = 90.0,
         users: Sequence[str] = (),
         audit: bool = False,
+        scheduler: bool = False,
     ) -> None:
         self.bin_dir = bin_dir or kube_bin_dir()
+        self.scheduler = scheduler
         self.users = {u: f"{u}-" + secrets.token_hex(16) for u in users}
         """Extra users (group system:masters), each with its own token: several clients told apart in the audit log."""
         self.audit = audit
@@ -156,6 +182,11 @@ class KubeCluster:
     def server(self) -> str:
         """The API server URL, ``https://127.0.0.1:<port>``."""
         return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        """The client TLS context that trusts the API server (for a streaming request, such as a watch)."""
+        return self._ssl
 
     @property
     def ca_file(self) -> Path:
@@ -203,7 +234,7 @@ class KubeCluster:
         return out
 
     def log_file(self, component: str) -> Path:
-        """The log file of ``etcd``, ``kube-apiserver`` or ``kube-controller-manager``."""
+        """The log file of ``etcd``, ``kube-apiserver``, ``kube-controller-manager`` or ``kube-scheduler``."""
         return self.workdir / f"{component}.log"
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -213,7 +244,7 @@ class KubeCluster:
         Raises:
             KubeStartError: with the relevant log tail when something did not come up.
         """
-        for name in ("kube-apiserver", "kube-controller-manager"):
+        for name in ("kube-apiserver", "kube-controller-manager", *(["kube-scheduler"] if self.scheduler else [])):
             if not os.access(self.bin_dir / name, os.X_OK):
                 raise KubeStartError(
                     f"{self.bin_dir / name} missing: run `make kube` (scripts/infra/build-kube-apiserver.sh)"
@@ -284,6 +315,11 @@ class KubeCluster:
                 f"--kubeconfig={self.kubeconfig}", f"--controllers={','.join(self.controllers)}",
                 "--leader-elect=false", "--port=0", "--secure-port=0", "--profiling=false",
             ])
+        if self.scheduler:
+            self._spawn("kube-scheduler", [
+                str(self.bin_dir / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false", "--port=0", "--secure-port=0", "--profiling=false",
+            ])
 
     def restart_apiserver(self) -> None:
         """Kill kube-apiserver (a crash, or a node reboot) and start it again on the same port.
@@ -306,11 +342,7 @@ class KubeCluster:
             )
 
     def _tail(self, name: str, lines: int = 30) -> str:
-        try:
-            text = self.log_file(name).read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_file(name), lines)
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():
@@ -340,20 +372,10 @@ class KubeCluster:
         self._check_alive()
 
     def stop(self) -> None:
-        """Stop the processes (controller manager first, etcd last) and remove the temp dir."""
+        """Stop the processes (scheduler and controller manager first, etcd last) and remove the temp dir."""
         atexit.unregister(self.stop)
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
-            proc = self._procs.pop(name, None)
-            if proc is None or proc.poll() is not None:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                proc.wait(timeout=15)
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+            terminate(self._procs.pop(name, None))
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

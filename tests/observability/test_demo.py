@@ -43,6 +43,21 @@ async def test_demo_smoke_imports_mirrors_and_applies(tmp_path: Path) -> None:
     assert "smoke: manifests/hello.yaml applied" in text  # `make kube` has built the API server
     assert "cp " in text and "/images/" in text and "reloadd status --config" in text
     assert "smoke: OK" in text
+    # `make kube` built the kubelet too: the air-gap flow on a real node, step by step in this order
+    order = [
+        "smoke: dropped images/hello.tar, registries.conf.d/50-demo-mirror.conf and manifests/hello.yaml together",
+        "smoke: mirror written: ",
+        "smoke: docker.io/demo/hello:v1 imported into containerd",
+        "smoke: manifests/hello.yaml applied (Deployment default/hello)",
+        "Running and Ready on node1 (docker.io/demo/hello:v1, never pulled)",
+        "smoke: OK",
+    ]
+    at = [text.find(line) for line in order]
+    assert all(i >= 0 for i in at) and at == sorted(at), text
+    node_dir = re.search(r"ctr -a (/tmp/reloadd-node-[^/]+)/containerd.sock", text)
+    assert node_dir is not None, text
+    assert processes_mentioning(node_dir.group(1)) == []  # containerd, its shims, the kubelet: all gone
+    assert not os.path.exists(node_dir.group(1))  # noqa: ASYNC240 - one stat after the demo exited
 
 
 async def test_demo_without_kube_binaries_builds_in_background_then_applies(tmp_path: Path) -> None:

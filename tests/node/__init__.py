@@ -1,0 +1,1 @@
+"""Tests on the test bed's real node (the session fixture ``kube_node``)."""
