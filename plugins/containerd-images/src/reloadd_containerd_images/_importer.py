@@ -151,8 +151,14 @@ class Importer:
         self.locks = locks
         self.log = log
 
-    async def import_file(self, path: Path, lease: str, extra_labels: Mapping[str, str]) -> ImportReport:
-        """Import ``path`` under ``lease`` (created and released by the caller)."""
+    async def import_file(self, path: Path, lease: str, extra_labels: Mapping[str, str],
+                          read_from: Path | None = None) -> ImportReport:
+        """Import ``path`` under ``lease`` (created and released by the caller).
+
+        Args:
+            read_from: Where its bytes are read, when not ``path`` itself: ``/proc/self/fd/<n>`` of the
+                descriptor a signature check hashed, so a file renamed over ``path`` since is not read.
+        """
         t0 = time.monotonic()
         rep = ImportReport()
         docs: dict[str, bytes] = {}
@@ -168,7 +174,7 @@ class Importer:
                 self.locks,
             )
         try:
-            ing = await ingest(self.client, path, lease, early, docs)
+            ing = await ingest(self.client, read_from or path, lease, early, docs)
             rep.ingest_seconds = time.monotonic() - t0
             if early is not None:
                 early.ingest_finished()
