@@ -227,7 +227,7 @@ class ContainerdImagesConsumer(BaseConsumer):
         planner = ImagePlanner(
             self.client, self.settings, Importer(self.client, self._import_settings, self.locks, self.log),
             self.ctx.records, self._plan_labels, lambda p: self._outside_roots(p, None), (PIN_LABEL, SOURCE_LABEL),
-            self.log,
+            self.log, self.policy, self._shown,
         )
         return await planner.plan(batch)
 
