@@ -75,11 +75,12 @@ def bundle(key: Key, path: Path, *, hint: str | None = None, digest_of: bytes | 
         digest_of: Bytes whose SHA-256 goes in ``messageDigest`` (default: the file's), to show it is ignored.
     """
     data = path.read_bytes() if digest_of is None else digest_of
+    digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
     doc = {
         "mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json",
         "verificationMaterial": {"publicKey": {"hint": key.id if hint is None else hint}},
         "messageSignature": {
-            "messageDigest": {"algorithm": "SHA2_256", "digest": base64.b64encode(hashlib.sha256(data).digest()).decode()},
+            "messageDigest": {"algorithm": "SHA2_256", "digest": digest},
             "signature": base64.b64encode(key.sign(path)).decode(),
         },
     }

@@ -35,32 +35,21 @@ from reloadd import (
 
 from ._client import CRI_NAMESPACE, ContainerdClient
 from ._events import ImageEvents
-from ._evidence import Refusal, covered_by, is_checksum_file, is_evidence
+from ._evidence import is_checksum_file, is_evidence
 from ._importer import LEASE_LABEL, Importer, ImportSettings, lease_expiry
-from ._lists import parse_list, pull_list, read_list
+from ._lists import pull_list, read_list
 from ._oci import host_platform
-from ._policy import Decision, Policy, open_for_check
+from ._policy import Policy, open_for_check
 from ._preview import ImagePlanner
 from ._settings import Settings
 from ._state import PIN_LABEL, SOURCE_LABEL, FileImages, state_of
 from ._unpack import ChainLocks
+from ._verifying import Gate, with_check
 
 __all__ = ["ContainerdImagesConsumer"]
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.bz2", ".tbz", ".tbz2", ".tar.lz4")
 INSTANCE_LABEL = "reloadd.io/instance"
-
-
-def _refused_stat(reason: Refusal) -> str:
-    """The stat exported as ``reloadd_images_refused_total{consumer,reason}``."""
-    return f"images_refused_total{{reason={reason.value}}}"
-
-
-def _with_check(data: dict[str, object], d: Decision) -> dict[str, object]:
-    """A file's record data plus what its signature check found (key, evidence, digest)."""
-    if d.record is not None:
-        data["verified"] = d.record
-    return data
 
 
 def _mb(n: float) -> str:
@@ -111,9 +100,7 @@ class ContainerdImagesConsumer(BaseConsumer):
         }
         self.policy = Policy(settings.verify, settings.trusted_keys, settings.keys_base, settings.keyring,
                              settings.verify_wait, self.log)
-        if self.policy.on:  # one series per reason, from zero (a rate over a series that appears is lost)
-            self.stats.update({_refused_stat(r): 0 for r in Refusal})
-        self._handing: dict[Path, int] = {}  # paths of the batches being handled (evidence triggers the others)
+        self.gate = Gate(self.policy, self.stats, self.log, self.roots, self.ctx.trigger, self.accepts)
         self._stale_leases: set[str] = set()
         self._instance = uuid.uuid4().hex[:12]
         self._sem = asyncio.Semaphore(settings.concurrency)
@@ -227,7 +214,7 @@ class ContainerdImagesConsumer(BaseConsumer):
         planner = ImagePlanner(
             self.client, self.settings, Importer(self.client, self._import_settings, self.locks, self.log),
             self.ctx.records, self._plan_labels, lambda p: self._outside_roots(p, None), (PIN_LABEL, SOURCE_LABEL),
-            self.log, self.policy, self._shown,
+            self.log, self.policy, self.gate.shown,
         )
         return await planner.plan(batch)
 
@@ -254,14 +241,15 @@ class ContainerdImagesConsumer(BaseConsumer):
         """Re-read the trusted keys on a SIGHUP's pass, then hand each change to :meth:`handle_one`."""
         if batch.reason is Reason.SIGNAL:
             self.policy.reload()
+        handing = self.gate.handing
         for p in batch.paths:
-            self._handing[p] = self._handing.get(p, 0) + 1
+            handing[p] = handing.get(p, 0) + 1
         try:
             return await self.each(batch, batch.changes, self.handle_one)
         finally:
             for p in batch.paths:
-                if (n := self._handing.pop(p) - 1) > 0:
-                    self._handing[p] = n
+                if (n := handing.pop(p) - 1) > 0:
+                    handing[p] = n
 
     async def handle_one(self, change: Change) -> Result:
         """Import, pull or release one path (up to ``concurrency`` at once, across batches).
@@ -298,16 +286,13 @@ class ContainerdImagesConsumer(BaseConsumer):
             self.log.debug("Failed to import %s: %s", path, outside)  # the engine logs the Reject
             return Reject(f"{path}: {outside}", data=self._previous(path))
         if is_evidence(path) or is_checksum_file(path):
-            return self._evidence(path)
-        shown = self._shown(path, change.root)
+            return self.gate.evidence(path)
+        shown = self.gate.shown(path, change.root)
         if path.name.lower().endswith(".txt"):
             return await self._list(path, shown, change)
         fd = open_for_check(path) if self.policy.on else None
         try:
-            if self.policy.key_error:
-                return Retry(f"{shown}: {self.policy.key_error}")
-            decision = await self.policy.decide(path, shown, fd, change.fingerprint)
-            stop = self._gate(path, shown, decision)
+            decision, stop = await self.gate.check(change, shown, fd, self._previous(path))
             if stop is not None:
                 return stop
             old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
@@ -316,40 +301,7 @@ class ContainerdImagesConsumer(BaseConsumer):
             if fd is not None:
                 os.close(fd)
         await self._settle(path, st.refs, old.refs - st.refs if old is not None else set())
-        return Ack(_with_check(st.to_json(), decision))
-
-    def _shown(self, path: Path, root: Path | None) -> str:
-        """``images/web.tar``: the path from its watched folder's name, as refusals show it."""
-        for r in ([root] if root is not None else []) + list(self.roots):
-            if r is not None and (r == path or r in path.parents):
-                return str(path.relative_to(r.parent))
-        return str(path)
-
-    def _gate(self, path: Path, shown: str, d: Decision) -> Result | None:
-        """The result that stops ``path`` here (a wait for its evidence, a refusal), or ``None`` to go on."""
-        if d.wait > 0:
-            return Retry(f"{shown}: waiting for its signature or a signed checksum file (verify_wait, "
-                         f"{d.wait:.0f}s left)", after=d.wait, failure=False)
-        if d.verdict is not None and d.verdict.refusal is not None and (d.refused or d.warning):
-            self.stats[_refused_stat(d.verdict.refusal)] += 1
-        if d.refused:  # the engine logs the Reject: the one WARNING line
-            return Reject(d.refused, data=self._previous(path))
-        if d.warning:
-            self.log.warning("%s", d.warning)
-        return None
-
-    def _evidence(self, path: Path) -> Result:
-        """A signature, bundle or checksum file changed: hand the files it covers over again.
-
-        Only those not in a batch being handled now (at start-up the archive and its ``.sig`` come
-        together) and only ones that exist; their records are not consulted, as a new signature for
-        an imported archive may carry a new key (re-importing it costs nothing: every blob is there).
-        """
-        again = [p for p in covered_by(path) if p not in self._handing and p.is_file() and self.accepts(p)]
-        if again:
-            self.log.info("Evidence %s changed: handing over %s again", path, ", ".join(map(str, again)))
-            self.ctx.trigger(again)
-        return Ack(None)
+        return Ack(with_check(st.to_json(), decision))
 
     def _previous(self, path: Path) -> object:
         """The data of the last successful handling, kept across a Reject.
@@ -423,17 +375,14 @@ class ContainerdImagesConsumer(BaseConsumer):
             self._stale_leases.discard(lease)
 
     async def _list(self, path: Path, shown: str, change: Change) -> Result:
-        if self.policy.key_error:
-            return Retry(f"{shown}: {self.policy.key_error}")
-        decision = await self.policy.decide(path, shown, None, change.fingerprint)
-        stop = self._gate(path, shown, decision)
+        decision, stop = await self.gate.check(change, shown, None, self._previous(path))
         if stop is not None:
             return stop
         try:
             text = await read_list(path)
         except ValueError as exc:
             return Reject(f"{path}: {exc}", data=self._previous(path))
-        text, unpinned = self._pinned_only(text, shown, decision)
+        text, unpinned = self.gate.pinned_only(text, shown, decision)
         labels = {**self._plan_labels(path), **decision.labels}
         res = await pull_list(self.client, text, labels, self.settings.pull_timeout, self.log, path)
         self.stats["images_pulled"] += res.pulled
@@ -453,36 +402,14 @@ class ContainerdImagesConsumer(BaseConsumer):
             ),
         )
         if unpinned:
-            return Reject(unpinned, data=_with_check(st.to_json(), decision))
+            return Reject(unpinned, data=with_check(st.to_json(), decision))
         if res.invalid:
             return Reject(f"{path}: " + "; ".join(res.invalid + res.failed), data=st.to_json())
         if res.failed:
             return Retry(f"{path}: " + "; ".join(res.failed))
         old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
         await self._settle(path, st.refs, old.refs - st.refs if old is not None else set(), namespace=CRI_NAMESPACE)
-        return Ack(_with_check(st.to_json(), decision))
-
-    def _pinned_only(self, text: str, shown: str, d: Decision) -> tuple[str, str]:
-        """Under ``verify`` the list's lines that name a tag, not a digest: a tag can move after signing.
-
-        Returns the text to pull (``require``: those lines blanked, numbering kept) and the refusal
-        line naming them ("" when none, or under ``warn``, which logs them and pulls them).
-        """
-        if d.verdict is None:
-            return text, ""
-        lines = text.splitlines()
-        bad = [(n, ref) for n, ref in parse_list(text)[0] if "@sha256:" not in ref]
-        if not bad:
-            return text, ""
-        why = "not pinned by digest (name@sha256:…): " + ", ".join(f"line {n} {ref}" for n, ref in bad)
-        self.stats[_refused_stat(Refusal.UNPINNED)] += len(bad)
-        line = self.policy.refused_line(shown, d.verdict, why)
-        if self.policy.mode != "require":
-            self.log.warning("%s", line)
-            return text, ""
-        for n, _ in bad:
-            lines[n - 1] = ""
-        return "\n".join(lines), line
+        return Ack(with_check(st.to_json(), decision))
 
     # -- deleted -------------------------------------------------------------------------------
     async def _deleted(self, path: Path) -> Result:

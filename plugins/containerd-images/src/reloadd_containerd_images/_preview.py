@@ -18,9 +18,9 @@ from pathlib import Path
 from reloadd import Batch, ChangeKind, ConsumerError, PathRecord, PermanentError, Plan, PlannedChange, TransientError
 
 from ._client import CRI_NAMESPACE, ContainerdClient
+from ._evidence import is_checksum_file, is_evidence
 from ._importer import Importer, ImportReport
 from ._ingest import ingest
-from ._evidence import is_checksum_file, is_evidence
 from ._lists import parse_list, read_list
 from ._oci import normalize_ref
 from ._policy import Policy
