@@ -15,9 +15,12 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from reloadd_containerd_images import ContainerdImagesConsumer
 from reloadd_containerd_images._policy import KEY_LABEL, VIA_LABEL
 
+import reloadd
 from reloadd import Ack, Batch, Change, ChangeKind, Reason, Reject, Retry
+from reloadd._metrics import ReloaderCollector, render
 from tests.containerd_images._helpers import Harness, dump, sync_gc
 from tests.containerd_images._signing import Key, bundle, make_key, sha256sum_line
 from tests.infra import (
@@ -29,6 +32,7 @@ from tests.infra import (
     releases_under_test,
     write_oci_archive,
 )
+from tests.waiting import until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
 
@@ -286,3 +290,65 @@ async def test_list_unpinned_line_refused_pinned_pulled(
         res = await h.handle(lst)
         assert isinstance(res[lst], Reject) and "does not verify" in res[lst].error
 
+
+
+async def test_through_the_engine_status_metric_and_late_signature(
+    mctd: Containerd, keys: dict[str, Key], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The real engine: a deferred archive in status, imported when its signature lands; a refusal in status,
+    in one WARNING line and in ``reloadd_images_refused_total``."""
+    a, b = keys["a"], keys["b"]
+    images = tmp_path / "images"
+    images.mkdir()
+    ns = f"v{uuid.uuid4().hex[:8]}"
+    toml = tmp_path / "reloadd.toml"
+    toml.write_text(f"""
+[reloadd]
+state_dir = "{tmp_path / "state"}"
+quiet = "100ms"
+
+[[consumer]]
+name = "images"
+plugin = "containerd-images"
+paths = ["{images}"]
+[consumer.options]
+address = "{mctd.address}"
+namespace = "{ns}"
+verify = "require"
+trusted_keys = ["{a.public}"]
+verify_wait = "10m"
+""")
+    cfg = reloadd.load_config(toml)
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    async with reloadd.Reloader(cfg) as r:
+        await r.wait_idle(60)
+        c = r.engine.slots["images"].consumer
+        assert isinstance(c, ContainerdImagesConsumer)
+        _archive(incoming / "web.tar", "example.com/web:v1", "web").rename(images / "web.tar")
+
+        def listed(kind: str, name: str) -> list[dict[str, Any]]:
+            return [d for d in r.status()["consumers"]["images"].get(kind, []) if d["path"] == str(images / name)]
+
+        await until(lambda: bool(listed("deferred", "web.tar")), what="web.tar deferred")
+        assert "waiting for its signature" in listed("deferred", "web.tar")[0]["reason"]
+        a.sig_file(images / "web.tar").rename(incoming / "web.tar.sig")  # written elsewhere, renamed in
+        (incoming / "web.tar.sig").rename(images / "web.tar.sig")
+        await r.wait_idle(60)  # the signature handed web.tar over again, at once: nothing waits any more
+        img = await c.client.get_image("example.com/web:v1")
+        assert img is not None and img.labels[KEY_LABEL] == f"SHA256:{a.id}"
+
+        bad = _archive(incoming / "bad.tar", "example.com/bad:v1", "bad")
+        b.sig_file(bad).rename(images / "bad.tar.sig")
+        with caplog.at_level(logging.WARNING):
+            bad.rename(images / "bad.tar")
+            await until(lambda: bool(listed("rejected", "bad.tar")), what="bad.tar refused")
+            await r.wait_idle(60)
+        [rej] = listed("rejected", "bad.tar")
+        assert rej["error"].startswith("REFUSED images/bad.tar (sha256:") and rej["error"].endswith("nothing imported")
+        lines = [m for m in caplog.records if "REFUSED images/bad.tar" in m.getMessage()]
+        assert [m.levelno for m in lines] == [logging.WARNING], [m.getMessage() for m in lines]
+        assert await c.client.get_image("example.com/bad:v1") is None
+        text = render(ReloaderCollector(r).collect()).decode()
+        assert 'reloadd_images_refused_total{consumer="images",reason="bad_signature"} 1' in text, text
+        assert 'reloadd_images_refused_total{consumer="images",reason="no_signature"} 0' in text
