@@ -66,12 +66,14 @@ async def make(mctd: Containerd, tmp_path: Path) -> AsyncIterator[Callable[..., 
     root = tmp_path / "images"
     root.mkdir()
 
-    def build(**options: Any) -> Harness:
+    def build(overlap: bool = False, **options: Any) -> Harness:
         options.setdefault("namespace", f"v{uuid.uuid4().hex[:8]}")
         state = tmp_path / f"state{len(made)}"
         state.mkdir()
         h = Harness(mctd, root, state, options)
         h.consumer.policy.clock = Clock()
+        if overlap:  # judged while imported, as archives from 64 MiB on are (see _policy.OVERLAP_FROM)
+            h.consumer.policy.overlap_from = 0
         made.append(h)
         return h
 
@@ -104,9 +106,12 @@ async def _nothing_left(h: Harness) -> None:
     assert await h.consumer.client.list_ingests() == []
 
 
-async def test_signed_archive_imported_with_provenance(make: Callable[..., Harness], keys: dict[str, Key]) -> None:
+@pytest.mark.parametrize("overlap", [False, True], ids=["checked-first", "checked-while-imported"])
+async def test_signed_archive_imported_with_provenance(
+    make: Callable[..., Harness], keys: dict[str, Key], overlap: bool
+) -> None:
     a = keys["a"]
-    h = make(verify="require", trusted_keys=[str(a.public)])
+    h = make(overlap, verify="require", trusted_keys=[str(a.public)])
     web = _archive(h.root / "web.tar", "example.com/web:v1", "web")
     a.sig_file(web)
     res = await h.handle(web)
@@ -118,11 +123,12 @@ async def test_signed_archive_imported_with_provenance(make: Callable[..., Harne
     assert f"{KEY_LABEL}=SHA256:{a.id}" in out, out  # what an operator sees
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["checked-first", "checked-while-imported"])
 async def test_flipped_byte_or_wrong_key_refused_nothing_left(
-    make: Callable[..., Harness], keys: dict[str, Key], caplog: pytest.LogCaptureFixture
+    make: Callable[..., Harness], keys: dict[str, Key], overlap: bool
 ) -> None:
     a, b = keys["a"], keys["b"]
-    h = make(verify="require", trusted_keys=[str(a.public)])
+    h = make(overlap, verify="require", trusted_keys=[str(a.public)])
     web = _archive(h.root / "web.tar", "example.com/web:v1", "web")
     a.sig_file(web)
     raw = bytearray(web.read_bytes())
@@ -227,9 +233,12 @@ async def test_signed_checksum_file_covers_three(make: Callable[..., Harness], k
     assert _refused(h) == {"images_refused_total{reason=digest_mismatch}": 1}
 
 
-async def test_bundle_hint_of_an_untrusted_key_refused(make: Callable[..., Harness], keys: dict[str, Key]) -> None:
+@pytest.mark.parametrize("overlap", [False, True], ids=["checked-first", "checked-while-imported"])
+async def test_bundle_hint_of_an_untrusted_key_refused(
+    make: Callable[..., Harness], keys: dict[str, Key], overlap: bool
+) -> None:
     a, b = keys["a"], keys["b"]
-    h = make(verify="require", trusted_keys=[str(a.public)])
+    h = make(overlap, verify="require", trusted_keys=[str(a.public)])
     web = _archive(h.root / "web.tar", "example.com/web:v1", "web")
     bundle(b, web)
     res = await h.handle(web)

@@ -7,7 +7,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from reloadd import (
@@ -35,16 +35,16 @@ from reloadd import (
 
 from ._client import CRI_NAMESPACE, ContainerdClient
 from ._events import ImageEvents
-from ._evidence import is_checksum_file, is_evidence
+from ._evidence import is_checksum_file, is_evidence, sha256_fd
 from ._importer import LEASE_LABEL, Importer, ImportSettings, lease_expiry
 from ._lists import pull_list, read_list
 from ._oci import host_platform
-from ._policy import Policy, open_for_check
+from ._policy import Decision, Policy, open_for_check
 from ._preview import ImagePlanner
 from ._settings import Settings
 from ._state import PIN_LABEL, SOURCE_LABEL, FileImages, state_of
 from ._unpack import ChainLocks
-from ._verifying import Gate, with_check
+from ._verifying import Gate, Stopped, with_check
 
 __all__ = ["ContainerdImagesConsumer"]
 
@@ -292,6 +292,8 @@ class ContainerdImagesConsumer(BaseConsumer):
             return await self._list(path, shown, change)
         fd = open_for_check(path) if self.policy.on else None
         try:
+            if fd is not None and self.policy.overlaps(path, fd):
+                return await self._import_checked(change, shown, fd)
             decision, stop = await self.gate.check(change, shown, fd, self._previous(path))
             if stop is not None:
                 return stop
@@ -325,7 +327,42 @@ class ContainerdImagesConsumer(BaseConsumer):
                 return ""
         return f"symlink to {real}, outside the watched folder {roots[0] if roots else '?'}; refusing to read it"
 
-    async def _import(self, path: Path, labels: dict[str, str], read_from: Path | None) -> FileImages:
+    async def _import_checked(self, change: Change, shown: str, fd: int) -> Result:
+        """Import a large file while it is hashed (see ``_policy.OVERLAP_FROM``); judged before any record.
+
+        A refusal (or a file whose import failed and whose check fails too: the refusal says more)
+        leaves nothing: the lease goes at once, with the content and snapshots it held.
+        """
+        path = change.path
+        previous = self._previous(path)
+        hashing = asyncio.ensure_future(asyncio.to_thread(sha256_fd, fd))
+        decided: list[Decision] = []
+
+        async def judged() -> dict[str, str]:
+            d, stop = await self.gate.check(change, shown, fd, previous, digest=await hashing)
+            decided.append(d)
+            if stop is not None:
+                raise Stopped(stop)
+            return d.labels
+
+        old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
+        try:
+            st = await self._import(path, {}, Path(f"/proc/self/fd/{fd}"), judged)
+        except Stopped as stopped:
+            return stopped.result
+        except ConsumerError:
+            if not decided:
+                _, stop = await self.gate.check(change, shown, fd, previous, digest=await hashing)
+                if stop is not None:
+                    return stop
+            raise
+        finally:
+            await asyncio.gather(hashing, return_exceptions=True)  # its thread reads fd: not closed before
+        await self._settle(path, st.refs, old.refs - st.refs if old is not None else set())
+        return Ack(with_check(st.to_json(), decided[0]))
+
+    async def _import(self, path: Path, labels: dict[str, str], read_from: Path | None,
+                      gate: Callable[[], Awaitable[Mapping[str, str]]] | None = None) -> FileImages:
         await self._drop_stale_leases()
         t0 = time.monotonic()
         size = os.stat(path).st_size
@@ -334,9 +371,14 @@ class ContainerdImagesConsumer(BaseConsumer):
         )
         importer = Importer(self.client, self._import_settings, self.locks, self.log)
         try:
-            rep = await importer.import_file(path, lease, {SOURCE_LABEL: str(path), **labels}, read_from)
+            rep = await importer.import_file(path, lease, {SOURCE_LABEL: str(path), **labels}, read_from, gate)
+        except Stopped:  # refused once its bytes were in: nothing of it may stay
+            await self._drop_lease(lease, sync=True)
+            lease = ""
+            raise
         finally:
-            await self._drop_lease(lease)
+            if lease:
+                await self._drop_lease(lease)
         dt = max(time.monotonic() - t0, 1e-6)
         for w in rep.warnings:
             self.log.warning("%s: %s", path, w)
@@ -362,9 +404,9 @@ class ContainerdImagesConsumer(BaseConsumer):
         self.stats["import_seconds"] += dt
         return FileImages("tar", tuple((i.name, i.target.digest, i.refs) for i in rep.images))
 
-    async def _drop_lease(self, lease: str) -> None:
+    async def _drop_lease(self, lease: str, sync: bool = False) -> None:
         try:
-            await self.client.delete_lease(lease)
+            await self.client.delete_lease(lease, sync=sync)
         except ConsumerError:
             self._stale_leases.add(lease)  # containerd is away; dropped before the next import
 

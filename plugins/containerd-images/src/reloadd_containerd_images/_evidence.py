@@ -31,8 +31,8 @@ from pathlib import Path
 from ._keys import ED25519_LIMIT, Keyring, TrustedKey
 
 __all__ = [
-    "EVIDENCE_SUFFIXES", "Refusal", "Verdict", "covered_by", "is_checksum_file", "is_evidence", "judge", "sha256_fd",
-    "sha256_file",
+    "EVIDENCE_SUFFIXES", "Refusal", "Verdict", "covered_by", "evidence_present", "is_checksum_file", "is_evidence",
+    "judge", "sha256_fd", "sha256_file",
 ]
 
 SIG_SUFFIX = ".sig"
@@ -148,6 +148,13 @@ def sha256_fd(fd: int) -> tuple[str, int]:
         h.update(view[:got])
         n += got
     return h.hexdigest(), n
+
+
+def evidence_present(path: Path) -> bool:
+    """Whether anything beside ``path`` may vouch for it (cheap: no hashing, no signature check)."""
+    if any(path.with_name(path.name + s).exists() for s in EVIDENCE_SUFFIXES):
+        return True
+    return any(path.name in _read_sums(p) for p in path.parent.iterdir() if is_checksum_file(p) and p.is_file())
 
 
 def _read_small(path: Path) -> bytes | None:

@@ -20,14 +20,18 @@ from pathlib import Path
 
 from reloadd import JSONValue
 
-from ._evidence import Verdict, judge, sha256_fd, sha256_file
+from ._evidence import Verdict, evidence_present, judge, sha256_fd, sha256_file
 from ._keys import KeyFileError, Keyring, load_keys
 
-__all__ = ["KEY_LABEL", "MODES", "VIA_LABEL", "Decision", "Policy", "open_for_check"]
+__all__ = ["KEY_LABEL", "MODES", "OVERLAP_FROM", "VIA_LABEL", "Decision", "Policy", "open_for_check"]
 
 MODES = ("off", "warn", "require")
 KEY_LABEL = "reloadd.io/verified-key"
 """Image label: the trusted key that verified the file it came from (``SHA256:<cosign key id>``)."""
+OVERLAP_FROM = 64 << 20
+"""From this size on, a file with evidence beside it is hashed *while* it is imported (same descriptor, a
+second thread) and judged before any image record is written; a refusal then deletes the import's lease at
+once, which takes its content and snapshots with it. Smaller files are judged before their first byte is sent."""
 VIA_LABEL = "reloadd.io/verified-by"
 """Image label: the evidence file that verified it (``web.tar.sig``, ``sha256sum-amd64.txt (….sig)``)."""
 
@@ -98,6 +102,7 @@ class Policy:
         self.key_error = ""
         """Why the last reload failed ("" when it did not): every file is retried until it is fixed."""
         self._first_seen: dict[Path, tuple[object, float]] = {}
+        self.overlap_from = OVERLAP_FROM
 
     @property
     def on(self) -> bool:
@@ -126,26 +131,39 @@ class Policy:
         """Drop what is remembered of ``path`` (it was deleted or handled for good)."""
         self._first_seen.pop(path, None)
 
+    def overlaps(self, path: Path, fd: int) -> bool:
+        """Whether the check of this file rides its import's read (see :data:`OVERLAP_FROM`)."""
+        return self.on and os.fstat(fd).st_size >= self.overlap_from and evidence_present(path)
+
+    def _left(self, path: Path, identity: object) -> float:
+        """Seconds ``path`` (as ``identity``) may still wait for its evidence."""
+        now = self.clock()
+        seen = self._first_seen.get(path)
+        if seen is None or seen[0] != identity:
+            seen = self._first_seen[path] = (identity, now)
+        return seen[1] + self.wait - now
+
     async def decide(self, path: Path, shown: str, fd: int | None = None, identity: object = None, *,
-                     planning: bool = False) -> Decision:
+                     planning: bool = False, digest: tuple[str, int] | None = None) -> Decision:
         """Judge ``path`` (read through ``fd`` when given); ``identity`` restarts the wait when the file changes.
 
         Args:
             planning: For ``reloadd plan``: never wait, say what the wait's end would do.
+            digest: The file's SHA-256 (hex) and size when already known (else it is hashed here).
         """
         if not self.on:
             return Decision()
-        verdict = await asyncio.to_thread(self._judge, path, fd)
+        if not planning and digest is None and not await asyncio.to_thread(evidence_present, path):
+            left = self._left(path, identity)  # nothing to judge yet: wait without reading the file
+            if left > 0:
+                return Decision(wait=left)
+        verdict = await asyncio.to_thread(self._judge, path, fd, digest)
         if verdict.verified:
             self.forget(path)
             return Decision(verdict)
         why = verdict.why
         if verdict.missing and not planning:
-            now = self.clock()
-            seen = self._first_seen.get(path)
-            if seen is None or seen[0] != identity:
-                seen = self._first_seen[path] = (identity, now)
-            left = seen[1] + self.wait - now
+            left = self._left(path, identity)
             if left > 0:
                 return Decision(verdict, wait=left)
             why += f", within verify_wait ({self.wait:g}s)"
@@ -158,8 +176,8 @@ class Policy:
         return Decision(verdict, warning=refusal_line("UNVERIFIED", shown, verdict, why, self.keyring,
                                                       'imported anyway (verify = "warn")'))
 
-    def _judge(self, path: Path, fd: int | None) -> Verdict:
-        digest, size = sha256_fd(fd) if fd is not None else sha256_file(path)
+    def _judge(self, path: Path, fd: int | None, known: tuple[str, int] | None) -> Verdict:
+        digest, size = known or (sha256_fd(fd) if fd is not None else sha256_file(path))
         return judge(path, self.keyring, digest, size)
 
     def refused_line(self, shown: str, verdict: Verdict, why: str) -> str:

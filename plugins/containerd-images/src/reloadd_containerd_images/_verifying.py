@@ -16,7 +16,15 @@ from ._evidence import Refusal, covered_by
 from ._lists import parse_list
 from ._policy import Decision, Policy
 
-__all__ = ["Gate", "refused_stat", "with_check"]
+__all__ = ["Gate", "Stopped", "refused_stat", "with_check"]
+
+
+class Stopped(Exception):
+    """The check that rode an import stopped it before its records: the result to report instead."""
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(str(result))
+        self.result = result
 
 
 def refused_stat(reason: Refusal) -> str:
@@ -63,12 +71,13 @@ class Gate:
                 return str(path.relative_to(r.parent))
         return str(path)
 
-    async def check(self, change: Change, shown: str, fd: int | None, previous: JSONValue
-                    ) -> tuple[Decision, Result | None]:
-        """Judge a file; the result that stops it here (a wait, a refusal), or ``None`` to go on."""
+    async def check(self, change: Change, shown: str, fd: int | None, previous: JSONValue,
+                    digest: tuple[str, int] | None = None) -> tuple[Decision, Result | None]:
+        """Judge a file (``digest``: its SHA-256 and size, when known); the result that stops it here (a wait,
+        a refusal), or ``None`` to go on."""
         if self.policy.key_error:
             return Decision(), Retry(f"{shown}: {self.policy.key_error}")
-        d = await self.policy.decide(change.path, shown, fd, change.fingerprint)
+        d = await self.policy.decide(change.path, shown, fd, change.fingerprint, digest=digest)
         if d.wait > 0:
             return d, Retry(f"{shown}: waiting for its signature or a signed checksum file (verify_wait, "
                             f"{d.wait:.0f}s left)", after=d.wait, failure=False)
