@@ -129,14 +129,15 @@ async def bench_verify(work: Path, big: Path, runs: int, release: str) -> dict[s
     """The big import with ``verify = "require"`` (a detached signature beside it) against ``off``, fresh
     containerd each, interleaved (alternating who goes first); median of the per-pair ratios (issue #60: ≤ 1.1)."""
     options = signed(work, big)
-    off, req, ratios = [], [], []
+    off, req, ratios, cpu_off, cpu_req = [], [], [], [], []
     for i in range(runs):
         pair: dict[str, float] = {}
         for who in ("off", "require") if i % 2 == 0 else ("require", "off"):
 
             async def one(ctd: Any, who: str = who, pair: dict[str, float] = pair) -> None:
-                dt, _ = await ours_import(ctd.address, 2, big, options=options if who == "require" else None)
+                dt, stats = await ours_import(ctd.address, 2, big, options=options if who == "require" else None)
                 pair[who] = dt
+                (cpu_req if who == "require" else cpu_off).append(stats["cpu_seconds"])
 
             await fresh(work, f"verify-{who}", one, release)
         off.append(pair["off"])
@@ -144,7 +145,8 @@ async def bench_verify(work: Path, big: Path, runs: int, release: str) -> dict[s
         ratios.append(pair["require"] / pair["off"])
         print(f"  [{release}] run {i + 1}: off {pair['off']:.2f}s  require {pair['require']:.2f}s  "
               f"ratio {ratios[-1]:.3f}", flush=True)
-    return {"off": off, "require": req, "ratios": ratios, "median_ratio": statistics.median(ratios)}
+    return {"off": off, "require": req, "ratios": ratios, "median_ratio": statistics.median(ratios),
+            "cpu_off": cpu_off, "cpu_require": cpu_req}
 
 
 def verify_rows(size: int, runs: int, by_release: dict[str, dict[str, Any]]) -> list[str]:
@@ -157,14 +159,16 @@ def verify_rows(size: int, runs: int, by_release: dict[str, dict[str, Any]]) -> 
         f"with its detached `.sig` checked against a P-256 key first, and without any check; {runs} interleaved "
         "pairs. Target: median ratio ≤ 1.1.",
         "",
-        "| containerd | off, median (range) | require, median (range) | ratios | median ratio |",
-        "|---|---|---|---|---|",
+        "| containerd | off, median (range) | require, median (range) | ratios | median ratio "
+        "| reloadd CPU off / require, median |",
+        "|---|---|---|---|---|---|",
     ]
     for r, res in by_release.items():
         lines.append(
             f"| {r} | {med(res['off']):.2f} s ({min(res['off']):.2f}–{max(res['off']):.2f}) "
             f"| {med(res['require']):.2f} s ({min(res['require']):.2f}–{max(res['require']):.2f}) "
-            f"| {', '.join(f'{x:.3f}' for x in res['ratios'])} | **{res['median_ratio']:.3f}** |"
+            f"| {', '.join(f'{x:.3f}' for x in res['ratios'])} | **{res['median_ratio']:.3f}** "
+            f"| {med(res['cpu_off']):.2f} s / {med(res['cpu_require']):.2f} s |"
         )
     return lines
 

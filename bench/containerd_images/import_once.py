@@ -51,6 +51,7 @@ async def main(address: str, concurrency: int, files: list[Path], extra: dict[st
         raise SystemExit(f"import failed: {bad}")
     stats = dict(getattr(consumer, "stats", {}))
     stats["seconds"] = dt
+    stats["cpu_seconds"] = sum(os.times()[:2])  # this process, user + system (what a signature check adds)
     stats["max_rss_mb"] = _peak_rss_mb()
     return stats
 

@@ -196,6 +196,9 @@ async def test_warn_imports_unverified_with_the_same_words(
     h = make(verify="warn", trusted_keys=[str(keys["a"].public)], verify_wait="0s")
     web = _archive(h.root / "web.tar", "example.com/web:v1", "web")
     keys["b"].sig_file(web)
+    plan = await h.consumer.plan(Batch("images", Reason.STARTUP, (Change(web, ChangeKind.ADDED, None, root=h.root),)))
+    assert [c.action for c in plan[web]] == ["unverified", "import"], plan
+    assert plan[web][0].detail["why"].startswith("UNVERIFIED images/web.tar (sha256:")
     with caplog.at_level(logging.WARNING, "reloadd.consumer.images"):
         res = await h.handle(web)
     assert isinstance(res[web], Ack), res

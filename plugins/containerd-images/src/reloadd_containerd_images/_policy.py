@@ -133,7 +133,8 @@ class Policy:
 
     def overlaps(self, path: Path, fd: int) -> bool:
         """Whether the check of this file rides its import's read (see :data:`OVERLAP_FROM`)."""
-        return self.on and os.fstat(fd).st_size >= self.overlap_from and evidence_present(path)
+        return (self.on and not self.key_error and os.fstat(fd).st_size >= self.overlap_from
+                and evidence_present(path))
 
     def _left(self, path: Path, identity: object) -> float:
         """Seconds ``path`` (as ``identity``) may still wait for its evidence."""
