@@ -209,6 +209,15 @@ async def test_warn_imports_unverified_with_the_same_words(
     assert img is not None and KEY_LABEL not in img.labels
     assert res[web].data["verified"]["unverified"].startswith("signature does not verify")
 
+    # A copy an (unsigned) checksum file lists with another digest is refused under warn too: it is corrupt.
+    short = _archive(h.root / "short.tar", "example.com/short:v1", "short")
+    (h.root / "SHA256SUMS").write_text(sha256sum_line(short))
+    short.write_bytes(short.read_bytes()[:-1024])
+    res = await h.handle(short)
+    assert isinstance(res[short], Reject) and res[short].error.startswith("REFUSED images/short.tar"), res
+    assert "SHA256SUMS" in res[short].error and res[short].error.endswith("nothing imported")
+    assert await h.consumer.client.get_image("example.com/short:v1") is None
+
 
 async def test_signed_checksum_file_covers_three(make: Callable[..., Harness], keys: dict[str, Key]) -> None:
     a = keys["a"]

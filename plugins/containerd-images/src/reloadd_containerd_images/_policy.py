@@ -20,7 +20,7 @@ from pathlib import Path
 
 from reloadd import JSONValue
 
-from ._evidence import Verdict, evidence_present, judge, sha256_fd, sha256_file
+from ._evidence import Refusal, Verdict, evidence_present, judge, sha256_fd, sha256_file
 from ._keys import KeyFileError, Keyring, load_keys
 
 __all__ = ["KEY_LABEL", "MODES", "OVERLAP_FROM", "VIA_LABEL", "Decision", "Policy", "open_for_check"]
@@ -171,7 +171,8 @@ class Policy:
         elif verdict.missing:
             why += f" (it waits up to {self.wait:g}s for one)"
         self.forget(path)
-        if self.mode == "require":
+        # A copy a checksum file lists with another digest is truncated or corrupt: refused under warn too.
+        if self.mode == "require" or verdict.refusal is Refusal.DIGEST_MISMATCH:
             return Decision(verdict, refused=refusal_line("REFUSED", shown, verdict, why, self.keyring,
                                                           "nothing imported"))
         return Decision(verdict, warning=refusal_line("UNVERIFIED", shown, verdict, why, self.keyring,
