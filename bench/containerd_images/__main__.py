@@ -1,7 +1,7 @@
 """Benchmark: the containerd-images consumer vs ``ctr images import`` on the same containerd.
 
     python -m bench.containerd_images [--runs 5] [--layers 6] [--mb 100] [--releases 1.6,1.7,2.x]
-                                      [--workdir DIR] [--out FILE]
+                                      [--workdir DIR] [--out FILE] [--verify-only]
 
 1. Import of a >= 500 MB multi-layer OCI tarball (gzip layers, with unpack), fresh containerd root per
    run, ctr and reloadd interleaved (alternating who goes first); median of the per-pair ratios. Done
@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,9 +52,12 @@ async def ctr_import(ctr: str, address: str, *files: Path) -> float:
     return total
 
 
-async def ours_import(address: str, concurrency: int, *files: Path) -> tuple[float, dict[str, Any]]:
+async def ours_import(address: str, concurrency: int, *files: Path, options: dict[str, Any] | None = None
+                      ) -> tuple[float, dict[str, Any]]:
+    extra = ["--options", json.dumps(options)] if options else []
     dt, out = await _run(
-        sys.executable, "-m", "bench.containerd_images.import_once", address, str(concurrency), *map(str, files)
+        sys.executable, "-m", "bench.containerd_images.import_once", *extra, address, str(concurrency),
+        *map(str, files),
     )
     return dt, json.loads(out.strip().splitlines()[-1])
 
@@ -103,6 +108,71 @@ async def bench_big(work: Path, big: Path, runs: int, release: str) -> dict[str,
     }
 
 
+def signed(work: Path, big: Path) -> dict[str, Any]:
+    """Sign ``big`` as a release engineer would (``openssl dgst -sha256 -sign``, an ECDSA P-256 key: cosign's
+    blob signature bytes) and return the options of ``verify = "require"`` with that key."""
+    keys = work / "bench-keys"
+    keys.mkdir(exist_ok=True)
+    priv, pub, sig = keys / "release.key", keys / "release.pub", big.with_name(big.name + ".sig")
+    if not pub.exists():
+        subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-out", str(priv)], check=True)
+        subprocess.run(["openssl", "pkey", "-in", str(priv), "-pubout", "-out", str(pub)], check=True)
+    if not sig.exists() or sig.stat().st_mtime < big.stat().st_mtime:
+        der = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(priv), str(big)], check=True,
+                             capture_output=True).stdout
+        sig.write_bytes(base64.b64encode(der))
+    return {"verify": "require", "trusted_keys": [str(pub)]}
+
+
+async def bench_verify(work: Path, big: Path, runs: int, release: str) -> dict[str, Any]:
+    """The big import with ``verify = "require"`` (a detached signature beside it) against ``off``, fresh
+    containerd each, interleaved (alternating who goes first); median of the per-pair ratios (issue #60: ≤ 1.1)."""
+    options = signed(work, big)
+    off, req, ratios, cpu_off, cpu_req = [], [], [], [], []
+    for i in range(runs):
+        pair: dict[str, float] = {}
+        for who in ("off", "require") if i % 2 == 0 else ("require", "off"):
+
+            async def one(ctd: Any, who: str = who, pair: dict[str, float] = pair) -> None:
+                dt, stats = await ours_import(ctd.address, 2, big, options=options if who == "require" else None)
+                pair[who] = dt
+                (cpu_req if who == "require" else cpu_off).append(stats["cpu_seconds"])
+
+            await fresh(work, f"verify-{who}", one, release)
+        off.append(pair["off"])
+        req.append(pair["require"])
+        ratios.append(pair["require"] / pair["off"])
+        print(f"  [{release}] run {i + 1}: off {pair['off']:.2f}s  require {pair['require']:.2f}s  "
+              f"ratio {ratios[-1]:.3f}", flush=True)
+    return {"off": off, "require": req, "ratios": ratios, "median_ratio": statistics.median(ratios),
+            "cpu_off": cpu_off, "cpu_require": cpu_req}
+
+
+def verify_rows(size: int, runs: int, by_release: dict[str, dict[str, Any]]) -> list[str]:
+    """The "verify = require vs off" table (issue #60)."""
+    med = statistics.median
+    lines = [
+        f"### verify = \"require\" vs \"off\" ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, issue #60)",
+        "",
+        f"The same {size / 1e6:.0f} MB archive imported by the consumer (whole process, fresh containerd each), "
+        f"with its detached `.sig` checked against a P-256 key (hashed while it is imported, as archives from "
+        f"64 MiB are), and without any check; {runs} interleaved pairs. Target: median ratio ≤ 1.1.",
+        "",
+        "| containerd | off, median (range) | require, median (range) | ratios | median ratio "
+        "| reloadd CPU off / require, median |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r, res in by_release.items():
+        lines.append(
+            f"| {r} | {med(res['off']):.2f} s ({min(res['off']):.2f}–{max(res['off']):.2f}) "
+            f"| {med(res['require']):.2f} s ({min(res['require']):.2f}–{max(res['require']):.2f}) "
+            f"| {', '.join(f'{x:.3f}' for x in res['ratios'])} | **{res['median_ratio']:.3f}** "
+            f"| {med(res['cpu_off']):.2f} s / {med(res['cpu_require']):.2f} s |"
+        )
+    return lines
+
+
 async def bench_many(work: Path, rounds: int) -> dict[int, list[float]]:
     files = []
     src = work / "many"
@@ -134,6 +204,8 @@ async def main() -> None:
     ap.add_argument("--releases", default=",".join(RELEASES), help="containerd releases, comma-separated")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/reloadd-bench-containerd"))
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--verify-only", action="store_true",
+                    help='only the big import with verify = "require" against "off" (issue #60)')
     a = ap.parse_args()
     a.workdir.mkdir(parents=True, exist_ok=True)
     big = a.workdir / f"big-{a.layers}x{a.mb}.tar"
@@ -143,6 +215,13 @@ async def main() -> None:
     size = big.stat().st_size
     print(f"big tarball: {size / 1e6:.0f} MB, {a.layers} gzip layers", flush=True)
     releases = [r.strip() for r in a.releases.split(",") if r.strip()]
+    if a.verify_only:
+        text = "\n".join(verify_rows(size, a.runs, {r: await bench_verify(a.workdir, big, a.runs, r)
+                                                    for r in releases})) + "\n"
+        print(text)
+        if a.out:
+            a.out.write_text(text)
+        return
     by_release = {r: await bench_big(a.workdir, big, a.runs, r) for r in releases}
     res_many = await bench_many(a.workdir, a.rounds)
     med = statistics.median

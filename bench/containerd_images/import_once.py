@@ -1,6 +1,8 @@
 """Import tarballs with the consumer in a fresh process (what the benchmark times against ctr).
 
-usage: python -m bench.containerd_images.import_once SOCKET CONCURRENCY FILE...
+usage: python -m bench.containerd_images.import_once [--options JSON] SOCKET CONCURRENCY FILE...
+
+``--options`` adds consumer options (``{"verify": "require", "trusted_keys": [...]}``).
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ def _peak_rss_mb() -> float:
     return 0.0
 
 
-async def main(address: str, concurrency: int, files: list[Path]) -> dict[str, float]:
+async def main(address: str, concurrency: int, files: list[Path], extra: dict[str, object] | None = None
+               ) -> dict[str, float]:
     root = files[0].parent
     ctx = ConsumerContext(
         name="bench",
         paths=(root,),
-        options={"address": address, "concurrency": concurrency},
+        options={"address": address, "concurrency": concurrency, **(extra or {})},
         state_dir=Path(tempfile.mkdtemp()),
         logger=logging.getLogger("bench"),
     )
@@ -48,10 +51,14 @@ async def main(address: str, concurrency: int, files: list[Path]) -> dict[str, f
         raise SystemExit(f"import failed: {bad}")
     stats = dict(getattr(consumer, "stats", {}))
     stats["seconds"] = dt
+    stats["cpu_seconds"] = sum(os.times()[:2])  # this process, user + system (what a signature check adds)
     stats["max_rss_mb"] = _peak_rss_mb()
     return stats
 
 
 if __name__ == "__main__":
-    out = asyncio.run(main(sys.argv[1], int(sys.argv[2]), [Path(a) for a in sys.argv[3:]]))
+    args = sys.argv[1:]
+    extra = json.loads(args[1]) if args[:1] == ["--options"] else None
+    args = args[2:] if extra is not None else args
+    out = asyncio.run(main(args[0], int(args[1]), [Path(a) for a in args[2:]], extra))
     print(json.dumps(out))

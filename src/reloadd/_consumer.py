@@ -128,7 +128,10 @@ class Reporting(Protocol):
     Attributes:
         stats: Counters, name → number (``images_imported``, ``files_failed``...): ``reloadd status
             --json`` lists them and /metrics exports each as ``reloadd_consumer_stat{consumer,stat}``;
-            values that are not numbers are left out.
+            values that are not numbers are left out. A stat named ``metric{label=value}`` is exported as a
+            family of its own, ``reloadd_<metric>{consumer,label}`` (a counter when ``metric`` ends in
+            ``_total``, else a gauge): ``images_refused_total{reason=bad_signature}`` is
+            ``reloadd_images_refused_total{consumer="…",reason="bad_signature"}``.
         status_note: One line of the consumer's own state, shown by status as ``state:`` (a standby's
             leader), or ``None``. Read on every status request: keep it cheap; an exception is shown
             as the note instead.

@@ -34,6 +34,7 @@ consumer_failing_paths, consumer_rejected_paths gauge   consumer
 consumer_oldest_pending_age_seconds            gauge    consumer
 consumer_last_success_timestamp_seconds        gauge    consumer (0: never)
 consumer_stat                                  gauge    consumer, name (the plugin's ``stats``)
+<metric> (a stat ``metric{label=v}``)          counter  consumer, label (``..._total``; else a gauge)
 =============================================  =======  ====================================
 
 ``outcome="failure"`` counts permanent failures (:class:`~reloadd.Reject`);
@@ -46,6 +47,7 @@ import functools
 import math
 import os
 import platform
+import re
 import resource
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -240,8 +242,25 @@ class ReloaderCollector:
             for kind, n in sorted(c.drift_total.items()):
                 fam["drift"].add((name, kind), n)
             for key, value in sorted(c.stats.items()):
+                if (m := _LABELLED_STAT.match(key)) is not None:
+                    metric, label, label_value = m.groups()
+                    own = fam.get(f"own:{metric}")
+                    if own is None:
+                        total = metric.endswith("_total")  # a counter family is exported as <name>_total
+                        own = fam[f"own:{metric}"] = Family(
+                            f"reloadd_{metric.removesuffix('_total')}", counter if total else gauge,
+                            f"A consumer's own {'counter' if total else 'gauge'} (its stat {metric}{{{label}=...}}).",
+                            ("consumer", label))
+                    own.add((name, label_value), value)
+                    continue
                 fam["stat"].add((name, key), value)
         yield from fam.values()
+
+
+_LABELLED_STAT = re.compile(r"^([a-z][a-z0-9_]*)\{([a-z][a-z0-9_]*)=([^}]*)\}$")
+"""A plugin stat named ``metric{label=value}`` is exported as its own family ``reloadd_<metric>{consumer,label}``
+(a counter when the name ends in ``_total``), not under ``reloadd_consumer_stat``: e.g. containerd-images'
+``images_refused_total{reason=bad_signature}`` is ``reloadd_images_refused_total{consumer,reason}``."""
 
 
 def _gauge(name: str, doc: str, value: float) -> Family:

@@ -52,14 +52,15 @@ class Harness:
         assert isinstance(consumer, ContainerdImagesConsumer)
         self.consumer = consumer
 
-    async def handle(self, *paths: Path, kind: ChangeKind | None = None) -> dict[Path, Result]:
+    async def handle(self, *paths: Path, kind: ChangeKind | None = None, reason: Reason = Reason.INOTIFY
+                     ) -> dict[Path, Result]:
         """Hand paths over like the engine does and record Acks as the engine would."""
         changes = []
         for p in paths:
             k = kind or (ChangeKind.MODIFIED if p in self.records else ChangeKind.ADDED)
             fp = Fingerprint.from_stat(os.stat(p)) if k is not ChangeKind.DELETED else None
             changes.append(Change(p, k, fp, root=self.root))
-        results = dict(await self.consumer.handle(Batch("images", Reason.INOTIFY, tuple(changes))))
+        results = dict(await self.consumer.handle(Batch("images", reason, tuple(changes))))
         for c in changes:
             self.remember(c, results[c.path])
         return results

@@ -138,7 +138,9 @@ class Rejecter(BaseConsumer):
 
     def __init__(self, root: Path) -> None:
         super().__init__(ConsumerContext(name="strict", paths=(root,), options={}, state_dir=root))
-        self.stats = {"objects_applied": 0.0, "bytes_imported": 1.5e9}
+        self.stats = {"objects_applied": 0.0, "bytes_imported": 1.5e9,
+                      # metric{label=value}: a family of its own (containerd-images' refusals, issue #60)
+                      "manifests_refused_total{reason=invalid}": 3.0, "queue_bytes{kind=ours}": 7.0}
 
     async def handle(self, batch: Batch) -> Mapping[Path, Result]:
         return {c.path: Reject(f"{c.path.name}: not a valid manifest") for c in batch.changes}
@@ -159,6 +161,10 @@ async def test_permanent_failures_and_plugin_stats(tmp_path: Path, watched: Path
         assert sample(m, "reloadd_consumer_rejected_paths", consumer="strict") == 1
         assert sample(m, "reloadd_consumer_queue_depth", consumer="strict") == 0  # not retried
         assert sample(m, "reloadd_consumer_stat", consumer="strict", name="bytes_imported") == 1.5e9
+        assert sample(m, "reloadd_manifests_refused_total", consumer="strict", reason="invalid") == 3
+        assert sample(m, "reloadd_queue_bytes", consumer="strict", kind="ours") == 7
+        own = "manifests_refused_total{reason=invalid}"
+        assert sample(m, "reloadd_consumer_stat", consumer="strict", name=own) is None  # not exported twice
         assert sample(m, "reloadd_consumer_last_success_timestamp_seconds", consumer="strict") == 0
 
 

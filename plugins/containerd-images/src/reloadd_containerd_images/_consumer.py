@@ -7,7 +7,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from reloadd import (
@@ -24,6 +24,7 @@ from reloadd import (
     PermanentError,
     Plan,
     PlannedChange,
+    Reason,
     Reject,
     Result,
     Retry,
@@ -34,13 +35,16 @@ from reloadd import (
 
 from ._client import CRI_NAMESPACE, ContainerdClient
 from ._events import ImageEvents
+from ._evidence import is_checksum_file, is_evidence, sha256_fd
 from ._importer import LEASE_LABEL, Importer, ImportSettings, lease_expiry
 from ._lists import pull_list, read_list
 from ._oci import host_platform
+from ._policy import Decision, Policy, open_for_check
 from ._preview import ImagePlanner
 from ._settings import Settings
 from ._state import PIN_LABEL, SOURCE_LABEL, FileImages, state_of
 from ._unpack import ChainLocks
+from ._verifying import Gate, Stopped, with_check
 
 __all__ = ["ContainerdImagesConsumer"]
 
@@ -94,6 +98,9 @@ class ContainerdImagesConsumer(BaseConsumer):
             "import_failures": 0,
             "import_seconds": 0,
         }
+        self.policy = Policy(settings.verify, settings.trusted_keys, settings.keys_base, settings.keyring,
+                             settings.verify_wait, self.log)
+        self.gate = Gate(self.policy, self.stats, self.log, self.roots, self.ctx.trigger, self.accepts)
         self._stale_leases: set[str] = set()
         self._instance = uuid.uuid4().hex[:12]
         self._sem = asyncio.Semaphore(settings.concurrency)
@@ -129,9 +136,23 @@ class ContainerdImagesConsumer(BaseConsumer):
         return len(st.images) if st is not None else 0
 
     def accepts(self, path: Path) -> bool:
-        """Tarballs (``.tar[.gz|.zst|.bz2|.lz4]``, ``.tgz``, ``.tzst``, ``.tbz``) and ``.txt`` lists."""
+        """Tarballs (``.tar[.gz|.zst|.bz2|.lz4]``, ``.tgz``, ``.tzst``, ``.tbz``) and ``.txt`` lists.
+
+        With ``verify`` on, also their evidence: ``.sig``, ``.sigstore.json`` and ``sha256sum*`` checksum
+        files (never read as image lists, verify on or off).
+        """
+        if is_evidence(path) or is_checksum_file(path):
+            return self.policy.on
         name = path.name.lower()
         return name.endswith(TAR_SUFFIXES) or name.endswith(".txt")
+
+    @property
+    def status_note(self) -> str | None:
+        """The verify policy and its keys (``None`` when ``verify = "off"``)."""
+        if not self.policy.on:
+            return None
+        note = f"verify={self.policy.mode}, keys {self.policy.keyring.shown}"
+        return f"{note}; {self.policy.key_error}" if self.policy.key_error else note
 
     async def start(self) -> None:
         """Check, in the background, that recorded images are still there and pinned.
@@ -193,7 +214,7 @@ class ContainerdImagesConsumer(BaseConsumer):
         planner = ImagePlanner(
             self.client, self.settings, Importer(self.client, self._import_settings, self.locks, self.log),
             self.ctx.records, self._plan_labels, lambda p: self._outside_roots(p, None), (PIN_LABEL, SOURCE_LABEL),
-            self.log,
+            self.log, self.policy, self.gate.shown,
         )
         return await planner.plan(batch)
 
@@ -216,6 +237,20 @@ class ContainerdImagesConsumer(BaseConsumer):
         labels[SOURCE_LABEL] = str(path)
         return labels
 
+    async def handle(self, batch: Batch) -> dict[Path, Result]:
+        """Re-read the trusted keys on a SIGHUP's pass, then hand each change to :meth:`handle_one`."""
+        if batch.reason is Reason.SIGNAL:
+            self.policy.reload()
+        handing = self.gate.handing
+        for p in batch.paths:
+            handing[p] = handing.get(p, 0) + 1
+        try:
+            return await self.each(batch, batch.changes, self.handle_one)
+        finally:
+            for p in batch.paths:
+                if (n := handing.pop(p) - 1) > 0:
+                    handing[p] = n
+
     async def handle_one(self, change: Change) -> Result:
         """Import, pull or release one path (up to ``concurrency`` at once, across batches).
 
@@ -237,6 +272,9 @@ class ContainerdImagesConsumer(BaseConsumer):
     async def _one(self, change: Change) -> Result:
         async with self._sem:
             if change.kind is ChangeKind.DELETED:
+                self.policy.forget(change.path)
+                if is_evidence(change.path) or is_checksum_file(change.path):
+                    return Ack(None)
                 return await self._deleted(change.path)
             return await self._changed(change)
 
@@ -247,12 +285,25 @@ class ContainerdImagesConsumer(BaseConsumer):
         if outside:
             self.log.debug("Failed to import %s: %s", path, outside)  # the engine logs the Reject
             return Reject(f"{path}: {outside}", data=self._previous(path))
+        if is_evidence(path) or is_checksum_file(path):
+            return self.gate.evidence(path)
+        shown = self.gate.shown(path, change.root)
         if path.name.lower().endswith(".txt"):
-            return await self._list(path)
-        old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
-        st = await self._import(path)
+            return await self._list(path, shown, change)
+        fd = open_for_check(path) if self.policy.on else None
+        try:
+            if fd is not None and self.policy.overlaps(path, fd):
+                return await self._import_checked(change, shown, fd)
+            decision, stop = await self.gate.check(change, shown, fd, self._previous(path))
+            if stop is not None:
+                return stop
+            old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
+            st = await self._import(path, decision.labels, Path(f"/proc/self/fd/{fd}") if fd is not None else None)
+        finally:
+            if fd is not None:
+                os.close(fd)
         await self._settle(path, st.refs, old.refs - st.refs if old is not None else set())
-        return Ack(st.to_json())
+        return Ack(with_check(st.to_json(), decision))
 
     def _previous(self, path: Path) -> object:
         """The data of the last successful handling, kept across a Reject.
@@ -276,7 +327,42 @@ class ContainerdImagesConsumer(BaseConsumer):
                 return ""
         return f"symlink to {real}, outside the watched folder {roots[0] if roots else '?'}; refusing to read it"
 
-    async def _import(self, path: Path) -> FileImages:
+    async def _import_checked(self, change: Change, shown: str, fd: int) -> Result:
+        """Import a large file while it is hashed (see ``_policy.OVERLAP_FROM``); judged before any record.
+
+        A refusal (or a file whose import failed and whose check fails too: the refusal says more)
+        leaves nothing: the lease goes at once, with the content and snapshots it held.
+        """
+        path = change.path
+        previous = self._previous(path)
+        hashing = asyncio.ensure_future(asyncio.to_thread(sha256_fd, fd))
+        decided: list[Decision] = []
+
+        async def judged() -> dict[str, str]:
+            d, stop = await self.gate.check(change, shown, fd, previous, digest=await hashing)
+            decided.append(d)
+            if stop is not None:
+                raise Stopped(stop)
+            return d.labels
+
+        old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
+        try:
+            st = await self._import(path, {}, Path(f"/proc/self/fd/{fd}"), judged)
+        except Stopped as stopped:
+            return stopped.result
+        except ConsumerError:
+            if not decided:
+                _, stop = await self.gate.check(change, shown, fd, previous, digest=await hashing)
+                if stop is not None:
+                    return stop
+            raise
+        finally:
+            await asyncio.gather(hashing, return_exceptions=True)  # its thread reads fd: not closed before
+        await self._settle(path, st.refs, old.refs - st.refs if old is not None else set())
+        return Ack(with_check(st.to_json(), decided[0]))
+
+    async def _import(self, path: Path, labels: dict[str, str], read_from: Path | None,
+                      gate: Callable[[], Awaitable[Mapping[str, str]]] | None = None) -> FileImages:
         await self._drop_stale_leases()
         t0 = time.monotonic()
         size = os.stat(path).st_size
@@ -285,9 +371,14 @@ class ContainerdImagesConsumer(BaseConsumer):
         )
         importer = Importer(self.client, self._import_settings, self.locks, self.log)
         try:
-            rep = await importer.import_file(path, lease, {SOURCE_LABEL: str(path)})
+            rep = await importer.import_file(path, lease, {SOURCE_LABEL: str(path), **labels}, read_from, gate)
+        except Stopped:  # refused once its bytes were in: nothing of it may stay
+            await self._drop_lease(lease, sync=True)
+            lease = ""
+            raise
         finally:
-            await self._drop_lease(lease)
+            if lease:
+                await self._drop_lease(lease)
         dt = max(time.monotonic() - t0, 1e-6)
         for w in rep.warnings:
             self.log.warning("%s: %s", path, w)
@@ -313,9 +404,9 @@ class ContainerdImagesConsumer(BaseConsumer):
         self.stats["import_seconds"] += dt
         return FileImages("tar", tuple((i.name, i.target.digest, i.refs) for i in rep.images))
 
-    async def _drop_lease(self, lease: str) -> None:
+    async def _drop_lease(self, lease: str, sync: bool = False) -> None:
         try:
-            await self.client.delete_lease(lease)
+            await self.client.delete_lease(lease, sync=sync)
         except ConsumerError:
             self._stale_leases.add(lease)  # containerd is away; dropped before the next import
 
@@ -325,12 +416,16 @@ class ContainerdImagesConsumer(BaseConsumer):
             await self.client.delete_lease(lease, sync=True)
             self._stale_leases.discard(lease)
 
-    async def _list(self, path: Path) -> Result:
+    async def _list(self, path: Path, shown: str, change: Change) -> Result:
+        decision, stop = await self.gate.check(change, shown, None, self._previous(path))
+        if stop is not None:
+            return stop
         try:
             text = await read_list(path)
         except ValueError as exc:
             return Reject(f"{path}: {exc}", data=self._previous(path))
-        labels = self._plan_labels(path)
+        text, unpinned = self.gate.pinned_only(text, shown, decision)
+        labels = {**self._plan_labels(path), **decision.labels}
         res = await pull_list(self.client, text, labels, self.settings.pull_timeout, self.log, path)
         self.stats["images_pulled"] += res.pulled
         self.log.info(
@@ -348,13 +443,15 @@ class ContainerdImagesConsumer(BaseConsumer):
                 for i in res.images
             ),
         )
+        if unpinned:
+            return Reject(unpinned, data=with_check(st.to_json(), decision))
         if res.invalid:
             return Reject(f"{path}: " + "; ".join(res.invalid + res.failed), data=st.to_json())
         if res.failed:
             return Retry(f"{path}: " + "; ".join(res.failed))
         old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
         await self._settle(path, st.refs, old.refs - st.refs if old is not None else set(), namespace=CRI_NAMESPACE)
-        return Ack(st.to_json())
+        return Ack(with_check(st.to_json(), decision))
 
     # -- deleted -------------------------------------------------------------------------------
     async def _deleted(self, path: Path) -> Result:

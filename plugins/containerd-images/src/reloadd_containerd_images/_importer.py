@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -151,8 +151,18 @@ class Importer:
         self.locks = locks
         self.log = log
 
-    async def import_file(self, path: Path, lease: str, extra_labels: Mapping[str, str]) -> ImportReport:
-        """Import ``path`` under ``lease`` (created and released by the caller)."""
+    async def import_file(self, path: Path, lease: str, extra_labels: Mapping[str, str],
+                          read_from: Path | None = None,
+                          gate: Callable[[], Awaitable[Mapping[str, str]]] | None = None) -> ImportReport:
+        """Import ``path`` under ``lease`` (created and released by the caller).
+
+        Args:
+            read_from: Where its bytes are read, when not ``path`` itself: ``/proc/self/fd/<n>`` of the
+                descriptor a signature check hashed, so a file renamed over ``path`` since is not read.
+            gate: Awaited once every blob is in, before gc labels, unpacking's end and image records: a check
+                that rode the read (it raises to stop the import; the caller drops the lease) and returns
+                more labels for the records (the key that verified the file).
+        """
         t0 = time.monotonic()
         rep = ImportReport()
         docs: dict[str, bytes] = {}
@@ -168,10 +178,12 @@ class Importer:
                 self.locks,
             )
         try:
-            ing = await ingest(self.client, path, lease, early, docs)
+            ing = await ingest(self.client, read_from or path, lease, early, docs)
             rep.ingest_seconds = time.monotonic() - t0
             if early is not None:
                 early.ingest_finished()
+            if gate is not None:
+                extra_labels = {**extra_labels, **(await gate())}
             await self._finish(path, ing, lease, extra_labels, rep, early)
         finally:
             if early is not None:

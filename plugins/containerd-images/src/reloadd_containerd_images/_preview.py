@@ -18,10 +18,12 @@ from pathlib import Path
 from reloadd import Batch, ChangeKind, ConsumerError, PathRecord, PermanentError, Plan, PlannedChange, TransientError
 
 from ._client import CRI_NAMESPACE, ContainerdClient
+from ._evidence import is_checksum_file, is_evidence
 from ._importer import Importer, ImportReport
 from ._ingest import ingest
 from ._lists import parse_list, read_list
 from ._oci import normalize_ref
+from ._policy import Policy
 from ._settings import Settings
 from ._state import state_of
 
@@ -41,6 +43,10 @@ class ImagePlanner:
         outside: Why a path must not be read (a symlink out of the roots), or "".
         unpin: The labels unpinning removes.
         log: Where refused files are reported.
+        policy: The verify policy: what it would refuse is planned invalid, what ``warn`` would let
+            through unverified is planned ``unverified``; a file still waiting for evidence is judged as
+            the wait's end would judge it.
+        shown: A path as refusals show it (``images/web.tar``).
     """
 
     client: ContainerdClient
@@ -51,6 +57,8 @@ class ImagePlanner:
     outside: Callable[[Path], str]
     unpin: tuple[str, ...]
     log: logging.Logger
+    policy: Policy
+    shown: Callable[[Path, Path | None], str]
 
     async def plan(self, batch: Batch) -> Plan:
         """Per path: images imported, updated, relabelled, pulled, then what would be released."""
@@ -62,6 +70,9 @@ class ImagePlanner:
         now: dict[Path, set[str]] = {}
         for change in batch.changes:
             path = change.path
+            if is_evidence(path) or is_checksum_file(path):
+                out[path] = []  # evidence: what it changes is planned with the files it covers
+                continue
             if change.kind is ChangeKind.DELETED:
                 now[path], out[path] = set(), []
                 continue
@@ -69,10 +80,15 @@ class ImagePlanner:
                 why = self.outside(path)
                 if why:
                     raise PermanentError(why)
+                d = await self.policy.decide(path, self.shown(path, change.root), planning=True)
+                if d.refused:
+                    raise PermanentError(d.refused)
                 if path.name.lower().endswith(".txt"):
                     now[path], out[path] = await self._list(path)
                 else:
                     now[path], out[path] = await self._tar(path)
+                if d.warning:
+                    out[path].insert(0, PlannedChange("unverified", str(path), detail={"why": d.warning}))
             except PermanentError as exc:  # the pass rejects the file and keeps what it held: the plan fails
                 out[path] = [PlannedChange.invalid(path, str(exc))]
         for path, refs in now.items():

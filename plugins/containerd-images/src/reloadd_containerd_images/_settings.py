@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from reloadd import ConfigError, ConsumerContext, Options
 
+from ._keys import KeyFileError, Keyring, load_keys
 from ._oci import parse_platform
+from ._policy import MODES
 
 __all__ = ["MAX_CONCURRENCY", "ON_DELETE", "Settings"]
 
@@ -48,6 +51,16 @@ class Settings:
     labels: Mapping[str, str] = field(default_factory=dict)
     pull_timeout: float = 600.0
     timeout: float = 60.0
+    verify: str = "off"
+    """``off`` | ``warn`` | ``require``: what a file no trusted key vouches for gets (see ``_policy``)."""
+    trusted_keys: tuple[str, ...] = ()
+    """PEM public-key paths or globs, as configured (re-read on every SIGHUP)."""
+    keys_base: Path | None = None
+    """Where relative ``trusted_keys`` start: the configuration file's folder."""
+    keyring: Keyring = field(default_factory=Keyring)
+    """The keys read at load time."""
+    verify_wait: float = 30.0
+    """Seconds an archive or list without evidence waits for its signature or checksum file."""
 
     @classmethod
     def from_context(cls, ctx: ConsumerContext) -> Settings:
@@ -71,6 +84,15 @@ class Settings:
         for k, v in labels.items():
             if not isinstance(v, str):
                 raise ConfigError(f"{where}: key 'labels.{k}' must be a string, got {type(v).__name__}")
+        base = ctx.config_file.parent if ctx.config_file else None
+        verify = o.choice("verify", MODES, "off")
+        patterns = tuple(o.str_list("trusted_keys"))
+        try:
+            keyring = load_keys(patterns, base)
+        except KeyFileError as exc:
+            raise ConfigError(f"{where}: key 'trusted_keys': {exc}") from exc
+        if verify != "off" and not keyring.keys:
+            raise ConfigError(f"{where}: verify = {verify!r} needs 'trusted_keys' (PEM public keys)")
         address = o.path("address", DEFAULT_ADDRESS, base=ctx.config_file.parent if ctx.config_file else None)
         s = cls(
             address=str(address),
@@ -84,6 +106,11 @@ class Settings:
             labels=dict(labels),
             pull_timeout=o.duration("pull_timeout", 600.0),
             timeout=o.duration("timeout", 60.0),
+            verify=verify,
+            trusted_keys=patterns,
+            keys_base=base,
+            keyring=keyring,
+            verify_wait=o.duration("verify_wait", 30.0, maximum=86400.0),
         )
         o.finish()
         if not s.namespace:
