@@ -38,6 +38,12 @@ class Settings:
         labels: Extra labels for every image record.
         pull_timeout: Deadline of one CRI PullImage (a ``.txt`` list's line).
         timeout: Deadline of other containerd calls.
+        verify: ``off`` | ``warn`` | ``require``: what a file no trusted key vouches for gets (``warn``
+            imports it with an UNVERIFIED line, ``require`` refuses it and imports nothing).
+        trusted_keys: PEM public keys (ECDSA P-256/P-384, Ed25519, RSA), paths or globs relative to the
+            configuration file; read at start and on every reload.
+        verify_wait: How long an archive or list without a signature or signed checksum file waits for one
+            before ``require`` refuses it.
     """
 
     address: str = DEFAULT_ADDRESS
