@@ -51,6 +51,7 @@ bench: deps kube containerd-releases install
 	mkdir -p build/bench
 	$(BIN)/python -m bench --out docs/benchmarks-core.md
 	$(BIN)/python -m bench.containerd_images --out build/bench/20-containerd-images.md
+	$(BIN)/python -m bench.containerd_images --verify-only --runs 7 --out build/bench/22-containerd-verify.md
 	$(BIN)/python -m bench.containerd_images.landing --md build/bench/25-containerd-landing.md
 	$(BIN)/python -m bench.kube_manifests --md build/bench/30-kube-manifests.md
 	$(BIN)/python -m bench.kube_manifests.node --md build/bench/35-kube-node.md
