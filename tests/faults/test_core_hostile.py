@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from reloadd import ChangeKind
+from reloadd._persisted import RETRY
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,7 +118,16 @@ async def test_state_dir_on_a_full_disk(tmp_path, recorder_cls, start_reloader, 
         (root / "third.conf").write_text("3")
         await rec.wait_path(root / "third.conf")
         await r.wait_idle(10)
-        lines = journal.read_text().splitlines()
+        # Writes that failed are retried after a backoff (0.5 s doubling to 15 s, reloadd._persisted.RETRY),
+        # not at once: the catch-up lands within one backoff of the disk being freed.
+        deadline = time.monotonic() + RETRY.maximum + 5
+        while True:
+            text = journal.read_text()
+            if all(p.name in text for p in second):
+                break
+            assert time.monotonic() < deadline, "the acknowledgements were not persisted once space was freed"
+            await asyncio.sleep(0.2)  # the journal is written by a thread of the daemon: nothing to wait on
+        lines = text.splitlines()
         assert all(any(p.name in x for x in lines) for p in second)
         assert any("third.conf" in x for x in lines)
     finally:
