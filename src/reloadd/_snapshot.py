@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._config import Config
+from ._health import HealthReport
 from ._watch import Watch
 
 __all__ = ["ConsumerSnapshot", "EngineCounters", "Pipeline", "Snapshot"]
@@ -57,6 +58,8 @@ class ConsumerSnapshot:
     """Drift events seen, per kind (``image``, ``object``, ``file``)."""
     stats: Mapping[str, float] = field(default_factory=dict)
     detail: Mapping[str, Any] | None = None
+    health: HealthReport | None = None
+    """What the consumer says of the health of what it delivered (see :class:`~reloadd.HealthReporting`)."""
 
 
 @dataclass(frozen=True, slots=True)

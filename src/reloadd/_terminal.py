@@ -168,6 +168,15 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
             by = f" by pid {', '.join(map(str, h['writers']))}" if h.get("writers") else ""
             lines.append(f"  HELD:      {h['path']}: {h.get('why')}{by} for {_ago(float(h.get('held_for', 0)))} "
                          f"(others stopped waiting for it after max_delay; handed over at max_hold)")
+        health = c.get("health")
+        if health:
+            objects = ", ".join(f"{n} {h}" for h, n in sorted(health.get("objects", {}).items()))
+            lines.append(f"  health:    {objects or 'no objects'}")
+            for f in health.get("files", []):
+                parts = [p for p in (f.get("object"), f.get("reason"), f.get("message")) if p]
+                wave = f" (wave {f['wave']})" if f.get("wave") is not None else ""
+                lines.append(f"  {f['state'].upper():<10} {f['path']}{wave} for {_ago(float(f.get('for', 0)))}"
+                             + (f": {': '.join(parts)}" if parts else ""))
         if c.get("oldest_pending_age"):
             lines.append(f"  waiting:   oldest for {_ago(c['oldest_pending_age'])}")
         if c.get("waiting_for"):
