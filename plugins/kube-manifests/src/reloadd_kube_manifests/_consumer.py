@@ -71,7 +71,7 @@ from ._applyset import LABEL_MANAGED_BY, ObjRef, parent_name
 from ._client import KubeClient
 from ._discovery import Discovery
 from ._events import record_event
-from ._gate import MARKERS, Gate, needs, provides
+from ._gate import MARKERS, WAVE, Gate, WaveError, needs, provides, wave_of
 from ._health import FileHealthState, FileState, HealthBook
 from ._kubeconfig import load_cluster_config
 from ._lease import LeaderElector, LeaseSettings
@@ -89,6 +89,8 @@ SUFFIXES = frozenset({".yaml", ".yml", ".json"})
 SKIP_SUFFIX = ".skip"
 _VERSION = "0.1.0"
 
+APPLY_FAILED = "ApplyFailed"
+"""The reason of a file failed because the server refused some of it (not a health verdict)."""
 _EVENT_AFTER_RETRIES = 3
 """Consecutive transient results of a file before a Warning Event is recorded for it."""
 
@@ -170,6 +172,10 @@ class KubeManifestsConsumer(BaseConsumer):
         """Health comes from the ``kube-watch`` source: without it (``drift = "off"``, ``dry_run``) a file is current
         once applied, as before health tracking."""
         self._event_tasks: set[asyncio.Task[None]] = set()
+        self._health_failed: set[Path] = set()  # files failed by health (not a refused apply): recovery is logged
+        self._waves: dict[Path, int] = {}  # files in a wave other than 0 (reloadd.io/wave)
+        self._wave_pending: dict[Path, int] = {}  # files handed over and not applied yet, by wave
+        self._wave_moved = asyncio.Event()  # a file's health changed or a pending file was applied
 
     # --- selection -----------------------------------------------------------------------------------
     def _rel(self, path: Path) -> str | None:
@@ -298,15 +304,19 @@ class KubeManifestsConsumer(BaseConsumer):
 
     def _health_moved(self, path: Path, old: FileState | None, f: FileHealthState) -> None:
         """A file's health changed: one WARNING and an Event when it fails and when it recovers; tell the core."""
-        if f.state is FileState.FAILED:
+        obj, reason, message = f.failure
+        if f.state is FileState.FAILED and reason != APPLY_FAILED:  # a refused apply: the core warned already
             self.stats["files_health_failed"] += 1
-            obj, reason, message = f.failure
+            self._health_failed.add(path)
             text = ": ".join(p for p in (obj, reason, message) if p)
             self.log.warning("Health of %s failed: %s", path, text)
             self._spawn_event(path, "HealthFailed", f"{path}: {text}", warning=True)
-        elif f.state is FileState.CURRENT and old is FileState.FAILED:
+        elif f.state is FileState.CURRENT and path in self._health_failed:
+            self._health_failed.discard(path)
             self.log.warning("Health of %s recovered: every object is current", path)
             self._spawn_event(path, "HealthRecovered", f"{path}: every object is current", warning=False)
+        f.wave = self._waves.get(path)
+        self._wave_moved.set()
         self.ctx.health_changed()
 
     def _spawn_event(self, path: Path, reason: str, message: str, *, warning: bool) -> None:
@@ -325,11 +335,18 @@ class KubeManifestsConsumer(BaseConsumer):
                  if p not in self.ctx.records and p.suffix.lower() != SKIP_SUFFIX]
         await self._expect(paths)
 
-    async def _expect(self, paths: Sequence[Path]) -> set[Path]:
-        """Register those of ``paths`` that declare a Namespace or a CRD with the gate; returns them."""
+    async def _expect(self, paths: Sequence[Path], *, waves: bool = False) -> set[Path]:
+        """Register those of ``paths`` that declare a Namespace or a CRD with the gate (returns them), and with
+        ``waves`` the wave of each (files handed over now: the later waves wait for them)."""
         found = await asyncio.to_thread(_may_provide, paths)
         out: set[Path] = set()
-        for path in found:
+        for path in paths:
+            if waves:
+                self._waves.pop(path, None)
+            if path not in found:
+                if waves:
+                    self._wave_pending[path] = 0
+                continue
             try:
                 manifest = await load_manifest(path, max_bytes=self.settings.max_file_size)
             except ReloaddError:
@@ -338,7 +355,37 @@ class KubeManifestsConsumer(BaseConsumer):
             if keys:
                 self._gate.expect(path, keys)
                 out.add(path)
+            if waves:
+                with contextlib.suppress(WaveError):  # its own pass rejects it
+                    wave = wave_of(manifest)
+                    self._wave_pending[path] = wave
+                    if wave:
+                        self._waves[path] = wave
         return out
+
+    async def _wait_wave(self, path: Path, wave: int) -> None:
+        """Wait until no file of an earlier wave is about to be applied, applying or progressing (failed and
+        current ones release it), ``health_timeout`` at most."""
+        deadline = time.monotonic() + self.settings.health_timeout
+        logged = False
+        while True:
+            blockers = [p for p, w in self._wave_pending.items() if w < wave and p != path] + [
+                p for p, f in self._book.files.items() if p != path and self._waves.get(p, 0) < wave
+                and f.state in (FileState.APPLYING, FileState.PROGRESSING)]
+            left = deadline - time.monotonic()
+            if not blockers:
+                return
+            if left <= 0:
+                self.log.warning("Applying %s (wave %d) although %s of an earlier wave is not current after "
+                                 "health_timeout", path, wave, blockers[0])
+                return
+            if not logged:
+                logged = True
+                self.log.info("%s (wave %d) waits for %d file(s) of earlier waves, e.g. %s", path, wave,
+                              len(blockers), blockers[0])
+            self._wave_moved.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wave_moved.wait(), left)
 
     # --- leader election ---------------------------------------------------------------------------
     def _became_leader(self) -> None:
@@ -507,15 +554,26 @@ class KubeManifestsConsumer(BaseConsumer):
         async def apply(change: Change) -> Result:
             manifest = None
             try:
-                if not self._gate.providing(change.path) and not self._unchanged(change) and not _marked(change.path):
+                if not self._unchanged(change) and not _marked(change.path):
                     with contextlib.suppress(ReloaddError):  # the apply below loads it again and reports it
                         manifest = await load_manifest(change.path, max_bytes=self.settings.max_file_size)
-                    if manifest is not None and await self._gate.wait(change.path, needs(manifest)):
-                        self.stats["files_waited_for_provider"] += 1
+                    if manifest is not None:
+                        try:
+                            wave = wave_of(manifest)
+                        except WaveError as exc:
+                            self._book.removed(change.path)
+                            return Reject(f"{change.path}: {exc}")
+                        if wave:
+                            await self._wait_wave(change.path, wave)
+                        if not self._gate.providing(change.path) and await self._gate.wait(
+                                change.path, needs(manifest)):
+                            self.stats["files_waited_for_provider"] += 1
                 async with self._files:
                     return await self._one(applier, change, claimed, drift=drift, manifest=manifest)
             finally:
                 self._gate.done(change.path)
+                if self._wave_pending.pop(change.path, None) is not None:
+                    self._wave_moved.set()
 
         async def remove(change: Change) -> Result:
             if over is not None and not change.prune_confirmed:
@@ -537,8 +595,9 @@ class KubeManifestsConsumer(BaseConsumer):
         files = [c for c in live if c.path.suffix.lower() != SKIP_SUFFIX]
         # Order by health across the folder (see ``_gate``): the files that create namespaces and CRDs first,
         # then lexical order, as ``kubectl apply -f DIR``; the files that need them wait for them.
-        providers = await self._expect([c.path for c in files if not _marked(c.path)])
-        files.sort(key=lambda c: (c.path not in providers and not self._gate.providing(c.path), str(c.path)))
+        providers = await self._expect([c.path for c in files if not _marked(c.path)], waves=True)
+        files.sort(key=lambda c: (self._waves.get(c.path, 0),
+                                  c.path not in providers and not self._gate.providing(c.path), str(c.path)))
         # As many at once as may apply (the semaphore is shared across batches): no task per waiting file.
         results.update(await self.each(batch, files, apply, limit=self.concurrency))
         self._limit_held.difference_update(c.path for c in live)
@@ -591,7 +650,28 @@ class KubeManifestsConsumer(BaseConsumer):
                 self.log.warning("The next pass cannot apply all of %s: %s", path, problem)
         for path in removals:
             planned[path] = await preview_remove(applier, self.key(path), keep=claimed)
+        self._plan_waves(manifests, planned, refused)
         return {p: [*planned.get(p, ()), *refused.get(p, ())] for p in {**planned, **refused}}
+
+    @staticmethod
+    def _plan_waves(manifests: Mapping[Path, Manifest], planned: dict[Path, list[PlannedChange]],
+                    refused: dict[Path, list[PlannedChange]]) -> None:
+        """With waves in use, each planned file says its wave first (``wave 1 of 0, 1: ...``)."""
+        waves: dict[Path, int] = {}
+        for path, manifest in manifests.items():
+            try:
+                waves[path] = wave_of(manifest)
+            except WaveError as exc:
+                refused.setdefault(path, []).append(PlannedChange.invalid(path, str(exc)))
+        used = sorted(set(waves.values()))
+        if used == [0] or not used:
+            return
+        for path, wave in waves.items():
+            earlier = [w for w in used if w < wave]
+            when = (f"applied once every object of wave {', '.join(map(str, earlier))} is current"
+                    if earlier else "applied first")
+            planned.setdefault(path, []).insert(0, PlannedChange(
+                "wave", f"{wave} of {', '.join(map(str, used))}: {when}", detail={"wave": wave}))
 
     async def plan_drift(self, paths: Sequence[Path]) -> Plan:
         """Members of these recorded files deleted, or with fields reloadd owns changed by another manager.
@@ -670,7 +750,7 @@ class KubeManifestsConsumer(BaseConsumer):
         self.stats["files_applied"] += 1
         self.stats["objects_applied"] += out.applied
         if out.errors:
-            self._book.apply_failed(path, "ApplyFailed", out.summary())
+            self._book.apply_failed(path, APPLY_FAILED, out.summary())
         elif self._tracking:
             self._book.applied(path, out.answers, tuple(sorted(out.desired)))
         elif not out.transient:
@@ -755,7 +835,7 @@ def _may_provide(paths: Sequence[Path]) -> list[Path]:
             data = path.read_bytes()
         except OSError:
             continue
-        if any(m in data for m in MARKERS):
+        if any(m in data for m in MARKERS) or WAVE.encode() in data:
             out.append(path)
     return out
 

@@ -29,6 +29,33 @@ Key = tuple[str, str]
 
 MARKERS = (b"Namespace", b"CustomResourceDefinition")
 """A file without either byte string declares no provider: it is not parsed to find out."""
+WAVE = "reloadd.io/wave"
+"""The annotation that puts an object in a wave (an integer, default 0; Argo CD's ``sync-wave`` convention)."""
+
+
+class WaveError(ValueError):
+    """An object's wave annotation is not an integer."""
+
+
+def wave_of(manifest: Manifest) -> int:
+    """The wave of a file: the highest ``reloadd.io/wave`` of its objects (0 when none has one).
+
+    A file is one ApplySet, applied at once: it goes in the wave of its latest object.
+
+    Raises:
+        WaveError: naming the object whose annotation is not an integer.
+    """
+    wave: int | None = None
+    for obj in manifest.objects:
+        value = ((obj.body.get("metadata") or {}).get("annotations") or {}).get(WAVE)
+        if value is None:
+            continue
+        try:
+            n = int(str(value).strip())
+        except ValueError as exc:
+            raise WaveError(f"{obj.where} {obj.kind}: annotation {WAVE} must be an integer, got {value!r}") from exc
+        wave = n if wave is None else max(wave, n)
+    return wave or 0
 
 
 def provides(manifest: Manifest) -> set[Key]:
