@@ -196,3 +196,11 @@ def test_generation_check_comes_before_the_kind_rule() -> None:
     failed["metadata"]["generation"] = 2
     failed["status"]["observedGeneration"] = 1
     assert compute(failed, now=NOW).health is P  # the old generation's failure is not the new one's
+
+
+def test_list_items_without_kind_are_judged_by_the_kind_given() -> None:
+    """The items of a list response carry no ``apiVersion``/``kind``: the watch passes them in."""
+    d = obj("apps/v1", "Deployment", spec={"replicas": 1}, status={"replicas": 1, "updatedReplicas": 1})
+    del d["apiVersion"], d["kind"]
+    assert compute(d, now=NOW).health is C  # no rule found: what the kind must prevent
+    assert compute(d, group="apps", kind="Deployment", now=NOW).reason == "LessAvailable"

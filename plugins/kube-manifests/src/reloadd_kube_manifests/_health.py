@@ -140,7 +140,7 @@ class HealthBook:
             if seen is not None and seen.rv is not None and rv is not None and seen.rv > rv:
                 seen.floor = rv  # the watch already saw it past the answer (a controller was quick)
             else:
-                self.objects[ref] = _Seen(rv, compute(obj, group=ref.group), floor=rv)
+                self.objects[ref] = _Seen(rv, compute(obj, group=ref.group, kind=ref.kind), floor=rv)
         loop = asyncio.get_running_loop()
         f.timer = loop.call_later(self.timeout, self._timed_out, path, f) if self.timeout > 0 else None
         f.observed = False
@@ -201,7 +201,8 @@ class HealthBook:
             if seen is not None and rv is not None:
                 if (seen.floor is not None and rv < seen.floor) or (seen.rv is not None and rv < seen.rv):
                     return  # older than what the apply answered, or than what was seen: stale
-            self.objects[ref] = _Seen(rv, compute(obj, group=ref.group), floor=seen.floor if seen else None)
+            self.objects[ref] = _Seen(rv, compute(obj, group=ref.group, kind=ref.kind),
+                                      floor=seen.floor if seen else None)
         path = self.owner.get(ref)
         f = self.files.get(path) if path is not None else None
         if path is not None and f is not None and f.state is not FileState.APPLYING:

@@ -277,12 +277,13 @@ def _group(obj: Obj) -> str:
     return api_version.rpartition("/")[0] if "/" in api_version else ""
 
 
-def compute(obj: Obj, *, group: str | None = None, now: datetime | None = None) -> Verdict:
+def compute(obj: Obj, *, group: str | None = None, kind: str | None = None, now: datetime | None = None) -> Verdict:
     """The health of ``obj`` (a listed, watched or applied object), kstatus' six steps in order.
 
     Args:
         obj: The object as the API server returned it.
-        group: Its API group, if known better than from ``apiVersion`` (watch events carry it anyway).
+        group: Its API group, if known better than from ``apiVersion``.
+        kind: Its kind, if known better than from ``kind``: the items of a list carry neither field.
         now: The clock for the one time-dependent rule (an unschedulable Pod); UTC now by default.
     """
     meta, st = _map(obj.get("metadata")), _map(obj.get("status"))
@@ -296,7 +297,7 @@ def compute(obj: Obj, *, group: str | None = None, now: datetime | None = None) 
         return _progressing(*_why(c, "Reconciling"))
     if (c := _is(obj, "Stalled")) is not None:
         return Verdict(Health.FAILED, *_why(c, "Stalled"))
-    rule = _RULES.get((_group(obj) if group is None else group, str(obj.get("kind") or "")))
+    rule = _RULES.get((_group(obj) if group is None else group, kind or str(obj.get("kind") or "")))
     if rule is not None:
         return rule(obj, now or datetime.now(UTC))
     ready = _condition(obj, "Ready")
