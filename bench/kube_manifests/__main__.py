@@ -208,7 +208,8 @@ async def folder_first_pass(kube: KubeCluster, work: Path, n_files: int, n_obj: 
         namespace_folder(r_root, f"scale-r{run}", n_files, n_obj)
         cfg = reloadd.parse_config({
             "reloadd": {"state_dir": str(work / f"folder-state{run}"), "quiet": "100ms"},
-            "consumer": [{"name": "manifests", "plugin": "kube-manifests", "paths": [str(r_root)],
+            # A consumer name per run: its ApplySet parents are its own (the same name would prune the last run's).
+            "consumer": [{"name": f"folder{run}", "plugin": "kube-manifests", "paths": [str(r_root)],
                           "options": {"kubeconfig": str(kube.kubeconfig)}}],
         })
 
