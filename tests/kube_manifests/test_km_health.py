@@ -243,3 +243,32 @@ async def test_waves_apply_after_the_earlier_wave_is_current_and_plan_lists_them
                 and "dryRun" not in e.get("requestURI", "")]  # the plan's
     assert status_updates and cm_apply
     assert min(cm_apply) > max(status_updates), (status_updates, cm_apply)
+
+
+async def test_a_consumer_after_the_manifests_waits_until_their_files_are_current_or_failed(
+        cluster: KubeCluster, ns: str, tmp_path: Path) -> None:
+    """``after = ["manifests"]``: the exec consumer runs once the Deployment's file failed (its deadline), not
+    once it was applied."""
+    root, hooks, marker = tmp_path / "manifests", tmp_path / "hooks", tmp_path / "ran"
+    web = root / "web.yaml"
+    write(web, [deployment("gated", ns, 1, deadline=10)])
+    hooks.mkdir()
+    (hooks / "hook.txt").write_text("x")
+    cfg = reloadd.parse_config({
+        "reloadd": {"state_dir": str(tmp_path / "state"), "quiet": "50ms"},
+        "consumer": [
+            {"name": "manifests", "plugin": "kube-manifests", "paths": [str(root)],
+             "options": {"kubeconfig": str(cluster.kubeconfig), "move_grace": "0s"}},
+            {"name": "hooks", "plugin": "exec", "paths": [str(hooks)], "after": ["manifests"],
+             "options": {"command": ["sh", "-c", f"date +%s.%N > {marker}"]}},
+        ],
+    })
+    async with reloadd.Reloader(cfg) as r:
+        await until(lambda: (file_state(r, web) or {}).get("state") == "progressing", what="applied", timeout=60)
+        await until(lambda: r.status()["consumers"]["hooks"]["waiting_for"] == ["manifests"],
+                    what="the hook waiting for the manifests' health", timeout=10)
+        assert not marker.exists()
+        await until(marker.exists, what="the hook, after the file failed", timeout=60)
+        failed = file_state(r, web)
+        assert failed is not None and failed["state"] == "failed", failed
+        assert float(marker.read_text()) >= failed["since"] - 0.5  # the hook ran after the failure
