@@ -751,9 +751,13 @@ class KubeManifestsConsumer(BaseConsumer):
         self.stats["objects_applied"] += out.applied
         if out.errors:
             self._book.apply_failed(path, APPLY_FAILED, out.summary())
+        elif out.transient:
+            # Retried by the core (which shows it failing): judged once applied whole; `after` goes by the core's
+            # rule for a retrying path meanwhile, as before health was tracked.
+            self._book.abandon(path)
         elif self._tracking:
             self._book.applied(path, out.answers, tuple(sorted(out.desired)))
-        elif not out.transient:
+        else:
             self._book.untracked(path)
         await self._warn(path, out, previous)
         return await self._result(path, out, {**out.to_data(), "owned": owned}, "apply")
