@@ -264,10 +264,10 @@ async def test_a_consumer_after_the_manifests_waits_until_their_files_are_curren
         ],
     })
     async with reloadd.Reloader(cfg) as r:
-        await until(lambda: (file_state(r, web) or {}).get("state") == "progressing", what="applied", timeout=60)
-        await until(lambda: r.status()["consumers"]["hooks"]["waiting_for"] == ["manifests"],
-                    what="the hook waiting for the manifests' health", timeout=10)
-        assert not marker.exists()
+        # Under load the deadline may pass before a look sees the file progressing: the order of the two
+        # times below is what proves the wait.
+        await until(lambda: (file_state(r, web) or {}).get("state") in ("progressing", "failed"), what="applied",
+                    timeout=60)
         await until(marker.exists, what="the hook, after the file failed", timeout=60)
         failed = file_state(r, web)
         assert failed is not None and failed["state"] == "failed", failed

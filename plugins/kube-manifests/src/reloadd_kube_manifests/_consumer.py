@@ -36,7 +36,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ from ._ledger import Ledger
 from ._manifests import Manifest, load_manifest
 from ._moves import MoveGrace
 from ._outcome import FileOutcome
+from ._pods import why_pods_wait
 from ._preview import declared_refs, preview_apply, preview_remove
 from ._settings import Settings
 from ._watch import ObjectWatch, list_members
@@ -304,13 +305,10 @@ class KubeManifestsConsumer(BaseConsumer):
 
     def _health_moved(self, path: Path, old: FileState | None, f: FileHealthState) -> None:
         """A file's health changed: one WARNING and an Event when it fails and when it recovers; tell the core."""
-        obj, reason, message = f.failure
-        if f.state is FileState.FAILED and reason != APPLY_FAILED:  # a refused apply: the core warned already
+        if f.state is FileState.FAILED and f.failure[1] != APPLY_FAILED:  # a refused apply: the core warned already
             self.stats["files_health_failed"] += 1
             self._health_failed.add(path)
-            text = ": ".join(p for p in (obj, reason, message) if p)
-            self.log.warning("Health of %s failed: %s", path, text)
-            self._spawn_event(path, "HealthFailed", f"{path}: {text}", warning=True)
+            self._spawn(self._announce_failure(path, f))
         elif f.state is FileState.CURRENT and path in self._health_failed:
             self._health_failed.discard(path)
             self.log.warning("Health of %s recovered: every object is current", path)
@@ -319,12 +317,27 @@ class KubeManifestsConsumer(BaseConsumer):
         self._wave_moved.set()
         self.ctx.health_changed()
 
+    async def _announce_failure(self, path: Path, f: FileHealthState) -> None:
+        """One WARNING and a ``HealthFailed`` Event; a failed workload's waiting pods named first (see ``_pods``)."""
+        culprit = f.culprit
+        if culprit is not None and self.client is not None and f.failure[1] != "Terminating":
+            problems = await why_pods_wait(self.client, culprit)
+            if problems and f.state is FileState.FAILED and f.culprit == culprit:
+                obj, reason, message = f.failure
+                f.failure = (obj, reason, "; ".join([message, *problems] if message else problems))
+        text = ": ".join(p for p in f.failure if p)
+        self.log.warning("Health of %s failed: %s", path, text)
+        self._spawn_event(path, "HealthFailed", f"{path}: {text}", warning=True)
+
     def _spawn_event(self, path: Path, reason: str, message: str, *, warning: bool) -> None:
         if self.client is None or self.settings.dry_run:
             return
-        task = asyncio.get_running_loop().create_task(record_event(
+        self._spawn(record_event(
             self.client, self.settings.namespace, parent_name(self.key(path)), reason=reason, message=message,
             warning=warning, component=f"reloadd/{self.name}", log=self.log))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._event_tasks.add(task)
         task.add_done_callback(self._event_tasks.discard)
 
@@ -460,6 +473,8 @@ class KubeManifestsConsumer(BaseConsumer):
             await self.elector.client.close()
         self._moves.close()
         self._book.close()
+        for task in list(self._event_tasks):  # a failure being announced: its Event is lost with the process
+            task.cancel()
         if self._resync is not None:
             self._resync.cancel()
             with contextlib.suppress(asyncio.CancelledError):

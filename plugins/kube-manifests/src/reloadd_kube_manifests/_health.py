@@ -78,6 +78,8 @@ class FileHealthState:
     refs: tuple[ObjRef, ...] = ()
     failure: tuple[str, str, str] = ("", "", "")
     """(object, reason, message) when failed."""
+    culprit: ObjRef | None = None
+    """The object ``failure`` names, if one does."""
     timer: asyncio.TimerHandle | None = None
     wave: int | None = None
     observed: bool = False
@@ -162,7 +164,7 @@ class HealthBook:
         f = self.files.get(path) or FileHealthState(FileState.APPLYING, self.clock(), self.clock())
         self.files[path] = f
         self._cancel(f)
-        f.failure = ("", reason, message)
+        f.failure, f.culprit = ("", reason, message), None
         self._set(path, f, FileState.FAILED)
 
     def abandon(self, path: Path) -> None:
@@ -242,13 +244,13 @@ class HealthBook:
         for ref in f.refs:
             v = self.verdict(ref) or Verdict(Health.PROGRESSING, "NotObserved", "not observed yet")
             if v.health is Health.FAILED:
-                f.failure = (describe(ref), v.reason, v.message)
+                f.failure, f.culprit = (describe(ref), v.reason, v.message), ref
                 self._set(path, f, FileState.FAILED)
                 return
             if v.health is not Health.CURRENT and pending is None:
                 pending = (ref, v)
         if pending is None:
-            f.failure = ("", "", "")
+            f.failure, f.culprit = ("", "", ""), None
             self._cancel(f)
             if not f.observed:
                 f.observed = True
@@ -256,7 +258,7 @@ class HealthBook:
             self._set(path, f, FileState.CURRENT)
         elif f.state is not FileState.FAILED or applied:
             ref, v = pending
-            f.failure = (describe(ref), v.reason, v.message)
+            f.failure, f.culprit = (describe(ref), v.reason, v.message), ref
             self._set(path, f, FileState.PROGRESSING)
 
     def _timed_out(self, path: Path, f: FileHealthState) -> None:
