@@ -34,6 +34,8 @@ consumer_failing_paths, consumer_rejected_paths gauge   consumer
 consumer_oldest_pending_age_seconds            gauge    consumer
 consumer_last_success_timestamp_seconds        gauge    consumer (0: never)
 consumer_stat                                  gauge    consumer, name (the plugin's ``stats``)
+objects                                        gauge    consumer, health (``HealthReporting`` consumers)
+health_current_seconds                         histogram consumer (a file's save to all its objects current)
 =============================================  =======  ====================================
 
 ``outcome="failure"`` counts permanent failures (:class:`~reloadd.Reject`);
