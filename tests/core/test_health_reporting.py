@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from reloadd import FileHealth, HealthReport, HealthReporting, Histogram, Reloader
-from reloadd._metrics import ReloaderCollector, render
+from reloadd._metrics import ReloaderCollector, build_registry, render
 from reloadd._terminal import format_status
 from tests.waiting import until
 
@@ -56,12 +56,19 @@ async def test_health_in_status_json_and_metrics(tmp_path: Path) -> None:
         assert (f"FAILED     {root / 'web.yaml'} for 75s: Deployment web/app: ProgressDeadlineExceeded: "
                 f'ReplicaSet "app-5d" has timed out progressing.') in text, text
         metrics = render(ReloaderCollector(r).collect()).decode()
+        from prometheus_client import generate_latest
+
+        exported = generate_latest(build_registry(r, process=False)).decode()
     assert 'reloadd_objects{consumer="manifests",health="failed"} 1.0' in metrics
     assert "# TYPE reloadd_health_current_seconds histogram" in metrics
     assert 'reloadd_health_current_seconds_bucket{consumer="manifests",le="5.0"} 2.0' in metrics
     assert 'reloadd_health_current_seconds_bucket{consumer="manifests",le="+Inf"} 3.0' in metrics
     assert 'reloadd_health_current_seconds_sum{consumer="manifests"} 4.5' in metrics
     assert 'reloadd_health_current_seconds_count{consumer="manifests"} 3.0' in metrics
+    # The same families through an embedder's prometheus_client registry.
+    assert 'reloadd_health_current_seconds_bucket{consumer="manifests",le="5.0"} 2.0' in exported, exported
+    assert 'reloadd_health_current_seconds_sum{consumer="manifests"} 4.5' in exported, exported
+    assert 'reloadd_objects{consumer="manifests",health="failed"} 1.0' in exported, exported
 
 
 async def test_after_waits_while_health_settles(tmp_path: Path) -> None:
