@@ -21,6 +21,7 @@ __all__ = ["confirm_prune", "format_status", "query_status", "send_reload"]
 log = logging.getLogger("reloadd.control")
 
 _LIST_MAX = 10  # pending paths listed per consumer in the table
+_HEALTH_LINES = 50  # files not current listed per consumer (a start-up pass may have thousands progressing)
 
 
 def send_reload(cfg: Config) -> bool:
@@ -172,11 +173,15 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
         if health:
             objects = ", ".join(f"{n} {h}" for h, n in sorted(health.get("objects", {}).items()))
             lines.append(f"  health:    {objects or 'no objects'}")
-            for f in health.get("files", []):
+            files = health.get("files", [])
+            for f in files[:_HEALTH_LINES]:
                 parts = [p for p in (f.get("object"), f.get("reason"), f.get("message")) if p]
                 wave = f" (wave {f['wave']})" if f.get("wave") is not None else ""
                 lines.append(f"  {f['state'].upper():<10} {f['path']}{wave} for {_ago(float(f.get('for', 0)))}"
                              + (f": {': '.join(parts)}" if parts else ""))
+            if len(files) > _HEALTH_LINES:
+                more = len(files) - _HEALTH_LINES
+                lines.append(f"  ... {more} more not current (`reloadd status --json` lists them)")
         if c.get("oldest_pending_age"):
             lines.append(f"  waiting:   oldest for {_ago(c['oldest_pending_age'])}")
         if c.get("waiting_for"):
