@@ -153,7 +153,8 @@ def verify_rows(size: int, runs: int, by_release: dict[str, dict[str, Any]]) -> 
     """The "verify = require vs off" table (issue #60)."""
     med = statistics.median
     lines = [
-        f"## containerd-images: verify = \"require\" vs \"off\" ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, issue #60)",
+        f"## containerd-images: verify = \"require\" vs \"off\" "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, issue #60)",
         "",
         f"The same {size / 1e6:.0f} MB archive imported by the consumer (whole process, fresh containerd each), "
         f"with its detached `.sig` checked against a P-256 key (hashed while it is imported, as archives from "

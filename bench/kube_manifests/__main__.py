@@ -14,7 +14,11 @@ same server, in separate namespaces so neither tool sees the other's objects:
 3. file save → object visible in the API: the real engine (inotify, ``quiet`` settle window) writes are
    atomic renames, visibility is polled every 2 ms;
 4. the third-party corpus of tests/kube_manifests/corpus: first pass and edit latency vs a kubectl loop
-   (see bench/kube_manifests/corpus.py; ``--corpus-runs 0`` skips it).
+   (see bench/kube_manifests/corpus.py; ``--corpus-runs 0`` skips it);
+5. a folder with its Namespace (``000-ns.yaml``) and ``--files`` files of ``--objects`` ConfigMaps in it: the
+   daemon's first pass (start to idle, the real engine) vs ``kubectl apply --server-side -f DIR`` (lexical
+   order, one request per object), alternating, ``--folder-runs`` pairs; reloadd's retries (a 404 on a
+   namespace not created yet) are counted and must be 0 (``--only-folder`` runs just this phase).
 """
 
 from __future__ import annotations
@@ -181,6 +185,59 @@ async def save_to_visible(kube: KubeCluster, work: Path, saves: int, quiet: str)
     return {"quiet": quiet, "saves": saves, **summary("save_to_visible", lat)}
 
 
+def namespace_folder(root: Path, ns: str, n_files: int, n_obj: int) -> None:
+    """``000-ns.yaml`` (the Namespace) and ``n_files`` files of ``n_obj`` ConfigMaps in it."""
+    root.mkdir(parents=True)
+    write(root / "000-ns.yaml", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}])
+    for i in range(n_files):
+        write(root / f"{i + 1:03}-cms.yaml", [
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"f{i}-cm-{j}", "namespace": ns},
+             "data": {"payload": "x" * 200}} for j in range(n_obj)])
+
+
+async def folder_first_pass(kube: KubeCluster, work: Path, n_files: int, n_obj: int, runs: int) -> dict[str, Any]:
+    """Phase 5: the first pass over a folder whose Namespace is one of its files (issue #59)."""
+    env = {**os.environ, "HOME": str(work / "home")}
+    r_times: list[float] = []
+    k_times: list[float] = []
+    retries: list[int] = []
+    waited: list[float] = []
+    for run in range(runs):
+        k_root, r_root = work / f"folder-k{run}", work / f"folder-r{run}"
+        namespace_folder(k_root, f"scale-k{run}", n_files, n_obj)
+        namespace_folder(r_root, f"scale-r{run}", n_files, n_obj)
+        cfg = reloadd.parse_config({
+            "reloadd": {"state_dir": str(work / f"folder-state{run}"), "quiet": "100ms"},
+            # A consumer name per run: its ApplySet parents are its own (the same name would prune the last run's).
+            "consumer": [{"name": f"folder{run}", "plugin": "kube-manifests", "paths": [str(r_root)],
+                          "options": {"kubeconfig": str(kube.kubeconfig)}}],
+        })
+
+        async def reloadd_pass(cfg: reloadd.Config = cfg) -> None:
+            t0 = time.perf_counter()
+            async with reloadd.Reloader(cfg) as r:
+                await r.wait_idle(300)
+                r_times.append(time.perf_counter() - t0)
+                c = r.snapshot().consumers[0]
+                retries.append(c.retried + c.rejected_total)
+                waited.append(c.stats.get("files_waited_for_provider", 0.0))
+
+        if run % 2:
+            await reloadd_pass()
+            k_times.append(await asyncio.to_thread(kubectl, kube, k_root, env))
+        else:
+            k_times.append(await asyncio.to_thread(kubectl, kube, k_root, env))
+            await reloadd_pass()
+    return {
+        "folder_files": n_files + 1, "folder_objects": n_files * n_obj + 1, "folder_runs": runs,
+        "folder_reloadd_s": [round(x, 3) for x in r_times], "folder_kubectl_s": [round(x, 3) for x in k_times],
+        "folder_reloadd_median_s": round(statistics.median(r_times), 3),
+        "folder_kubectl_median_s": round(statistics.median(k_times), 3),
+        "folder_ratio_reloadd_over_kubectl": round(statistics.median(r_times) / statistics.median(k_times), 2),
+        "folder_reloadd_retries": retries, "folder_files_waited": waited,
+    }
+
+
 async def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(prog="python -m bench.kube_manifests", description=__doc__.split("\n")[0])
     ap.add_argument("--files", type=int, default=100)
@@ -191,12 +248,23 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--md", type=Path, help="write the docs/benchmarks.md section here")
     ap.add_argument("--corpus-runs", type=int, default=3, help="fresh-server pairs for the corpus phase")
     ap.add_argument("--corpus-edits", type=int, default=10)
+    ap.add_argument("--folder-runs", type=int, default=3, help="pairs for the namespace-folder first pass")
+    ap.add_argument("--only-folder", action="store_true", help="run only the namespace-folder first pass")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="reloadd-bench-km-"))
     try:
+        if args.only_folder:
+            async with KubeCluster(controllers=()) as kube:
+                result = await folder_first_pass(kube, work, args.files, args.objects, args.folder_runs)
+            print(json.dumps(result, indent=2))
+            if args.json:
+                args.json.write_text(json.dumps(result, indent=2) + "\n")
+            return result
         async with KubeCluster(controllers=()) as kube:
             result = await per_file(kube, work, args.files, args.objects)
             result.update(await save_to_visible(kube, work, args.saves, args.quiet))
+            if args.folder_runs > 0:
+                result.update(await folder_first_pass(kube, work, args.files, args.objects, args.folder_runs))
         if args.corpus_runs > 0:
             from .corpus import markdown_rows
             from .corpus import run as corpus_run
@@ -242,6 +310,13 @@ def markdown(r: dict[str, Any]) -> str:
         f"| save → object visible (engine, quiet {r['quiet']}), median / p90, {r['saves']} saves | — | "
         f"{r['save_to_visible_median_ms']:.0f} / {r['save_to_visible_p90_ms']:.0f} ms | — |"
     )
+    if "folder_reloadd_median_s" in r:
+        rows.append(
+            f"| first pass, `000-ns.yaml` + {r['folder_files'] - 1} files ({r['folder_objects']} objects), "
+            f"median of {r['folder_runs']} | {r['folder_kubectl_median_s']:.1f} s (`kubectl apply --server-side "
+            f"-f DIR`) | {r['folder_reloadd_median_s']:.1f} s (daemon start to idle; retries "
+            f"{max(r['folder_reloadd_retries'])}) | {1 / r['folder_ratio_reloadd_over_kubectl']:.1f} |"
+        )
     for extra in r.get("corpus_rows", []):
         rows.append(extra)
     return "\n".join(rows) + "\n"

@@ -18,6 +18,7 @@ from ._consumer import (
     ConsumerContext,
     ConsumerFactory,
     DriftPlanner,
+    HealthReporting,
     Planner,
     PruneAware,
     Reporting,
@@ -37,6 +38,7 @@ from ._errors import (
     WatchLimitError,
 )
 from ._filters import DEFAULT_IGNORES, PathFilter
+from ._health import FileHealth, HealthReport, Histogram
 from ._options import Options, parse_duration
 from ._outcomes import result_of
 from ._persisted import set_aside
@@ -110,7 +112,11 @@ __all__ = [
     "DriftMode",
     "DriftPlanner",
     "EventKind",
+    "FileHealth",
     "Fingerprint",
+    "HealthReport",
+    "HealthReporting",
+    "Histogram",
     "Hold",
     "JSONValue",
     "Options",

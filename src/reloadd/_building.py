@@ -76,6 +76,7 @@ def build_consumer(
     config_file: Path | None,
     trigger: Trigger = lambda paths: None,
     removal_held: RemovalHeld = lambda path: None,
+    health_changed: Callable[[], None] = lambda: None,
 ) -> Consumer:
     """Create the consumer of a ``[[consumer]]`` table through its plugin's factory.
 
@@ -102,6 +103,7 @@ def build_consumer(
         config_file=config_file,
         removal_held=removal_held,
         drift=cc.drift,
+        health_changed=health_changed,
     )
     try:
         consumer = factory(ctx)
@@ -195,7 +197,7 @@ def group_function(consumer: Consumer) -> Callable[[Path], str | None] | None:
 
 
 def bind(consumer: Consumer, records: RecordStore, trigger: Trigger,
-         removal_held: RemovalHeld = lambda path: None) -> None:
+         removal_held: RemovalHeld = lambda path: None, health_changed: Callable[[], None] = lambda: None) -> None:
     """Give an embedder's :class:`BaseConsumer` what a configured one gets: records, trigger, logger."""
     ctx = getattr(consumer, "ctx", None)
     if not isinstance(ctx, ConsumerContext):
@@ -203,6 +205,7 @@ def bind(consumer: Consumer, records: RecordStore, trigger: Trigger,
     ctx.records = records
     ctx.trigger = trigger
     ctx.removal_held = removal_held
+    ctx.health_changed = health_changed
     if ctx.logger.name == "reloadd.consumer":
         ctx.logger = logging.getLogger(f"reloadd.consumer.{consumer.name}")
         if getattr(consumer, "log", None) is not None:

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ._errors import PlanUnsupportedError
+from ._health import HealthReport
 from ._outcomes import result_of
 from ._sources.base import Source, SourceContext
 from ._types import Batch, Change, DriftMode, PathRecord, Plan, Result
 
 __all__ = [
-    "BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory", "DriftPlanner", "Planner",
+    "BaseConsumer", "Consumer", "ConsumerContext", "ConsumerFactory", "DriftPlanner", "HealthReporting", "Planner",
     "PruneAware", "Reporting", "SourceProvider", "Tunable",
 ]
 
@@ -145,6 +146,22 @@ class Reporting(Protocol):
         ...
 
 
+@runtime_checkable
+class HealthReporting(Protocol):
+    """The optional half of the contract for consumers that know whether what they delivered is *done*.
+
+    An acknowledged path is applied; whether it then became healthy is the consumer's to say (a
+    Deployment whose pods never become ready was accepted all the same). Status, ``--json`` and
+    ``/metrics`` show :meth:`health`; consumers ordered ``after`` this one wait while it reports
+    :attr:`~reloadd.HealthReport.settling` (call :attr:`ConsumerContext.health_changed` when that may
+    have changed, so they look again).
+    """
+
+    def health(self) -> HealthReport:
+        """The health now (read on every status request and scrape: keep it cheap)."""
+        ...
+
+
 class Tunable(Protocol):
     """What an embedder's consumer object may declare instead of a ``[[consumer]]`` table (each optional).
 
@@ -217,6 +234,7 @@ class ConsumerContext:
         drift: The consumer's ``drift`` mode: ``off`` starts none of its far-side sources
             (:class:`SourceProvider`); ``detect`` hands nothing over for drift, so a source may
             report it further (a Kubernetes Event), but must change nothing.
+        health_changed: Tell the core the consumer's :class:`HealthReporting` answer changed.
     """
 
     name: str
@@ -229,6 +247,8 @@ class ConsumerContext:
     config_file: Path | None = None
     removal_held: Callable[[Path], str | None] = lambda path: None
     drift: DriftMode = DriftMode.CORRECT
+    health_changed: Callable[[], None] = lambda: None
+    """Tell the core the consumer's :class:`HealthReporting` answer changed (its ``after`` dependents look again)."""
 
 
 ConsumerFactory = Callable[[ConsumerContext], Consumer]

@@ -35,6 +35,8 @@ consumer_oldest_pending_age_seconds            gauge    consumer
 consumer_last_success_timestamp_seconds        gauge    consumer (0: never)
 consumer_stat                                  gauge    consumer, name (the plugin's ``stats``)
 <metric> (a stat ``metric{label=v}``)          counter  consumer, label (``..._total``; else a gauge)
+objects                                        gauge    consumer, health (``HealthReporting`` consumers)
+health_current_seconds                         histogram consumer (a file's save to all its objects current)
 =============================================  =======  ====================================
 
 ``outcome="failure"`` counts permanent failures (:class:`~reloadd.Reject`);
@@ -82,7 +84,9 @@ class Family:
 
     ``kind`` is ``counter`` (exported as ``<name>_total``), ``gauge``, ``info`` (exported as
     ``<name>_info``, value 1, the labels being the information) or ``summary`` (``<name>_count`` and
-    ``<name>_sum``, given as two samples labelled ``("count",)`` and ``("sum",)``).
+    ``<name>_sum``, given as two samples labelled ``("count",)`` and ``("sum",)``) or ``histogram`` (each sample's
+    label values are ``labels`` followed by ``"bucket"`` and its bound as text (``"+Inf"`` last), ``"sum"`` or
+    ``"count"``: see :meth:`add_histogram`).
     """
 
     name: str
@@ -94,6 +98,16 @@ class Family:
     def add(self, values: Sequence[str], value: float) -> Family:
         """Add one sample; returns the family."""
         self.samples.append((values, value))
+        return self
+
+    def add_histogram(self, values: Sequence[str], bounds: Sequence[float], counts: Sequence[int], total: float,
+                      count: int) -> Family:
+        """Add one cumulative histogram (``counts[i]`` observations ≤ ``bounds[i]``); returns the family."""
+        for bound, n in zip(bounds, counts, strict=True):
+            self.samples.append(((*values, "bucket", _number(float(bound))), n))
+        self.samples.append(((*values, "bucket", "+Inf"), count))
+        self.samples.append(((*values, "sum"), total))
+        self.samples.append(((*values, "count"), count))
         return self
 
 
@@ -214,6 +228,12 @@ class ReloaderCollector:
             "aside": Family(
                 "reloadd_state_files_set_aside", counter, "State files found unreadable at start and moved aside "
                 "(named <file>.broken-<UTC time>); the consumer started from the safest assumption.", lab),
+            "objects": Family(
+                "reloadd_objects", gauge, "Objects the consumer delivered, by health (current, progressing, failed, "
+                "terminating), for consumers that track it (kube-manifests).", ("consumer", "health")),
+            "to_current": Family(
+                "reloadd_health_current_seconds", "histogram", "Seconds from a file's save to all its objects "
+                "being current.", lab),
             "held": Family(
                 "reloadd_consumer_held_paths", gauge, "Paths settling for longer than max_delay (open for writing, "
                 "still growing): nothing waits for them any more; handed over at max_hold.", lab),
@@ -241,6 +261,11 @@ class ReloaderCollector:
             fam["leader"].add((name,), c.stats.get("leader", 1.0))
             for kind, n in sorted(c.drift_total.items()):
                 fam["drift"].add((name, kind), n)
+            if c.health is not None:
+                for health, n in sorted(c.health.objects.items()):
+                    fam["objects"].add((name, health), n)
+                h = c.health.to_current
+                fam["to_current"].add_histogram((name,), h.bounds, h.counts, h.total, h.count)
             for key, value in sorted(c.stats.items()):
                 if (m := _LABELLED_STAT.match(key)) is not None:
                     metric, label, label_value = m.groups()
@@ -337,6 +362,11 @@ def render(families: Iterable[Family], *, openmetrics: bool = False) -> bytes:
         for values, value in fam.samples:
             if fam.kind == "summary":
                 out.append(f"{fam.name}_{values[0]} {_number(value)}\n")
+            elif fam.kind == "histogram":
+                n = len(fam.labels)
+                labels = _labels((*fam.labels, "le"), (*values[:n], values[n + 1])) if values[n] == "bucket" else \
+                    _labels(fam.labels, values[:n])
+                out.append(f"{fam.name}_{values[n]}{labels} {_number(value)}\n")
             elif fam.kind == "info":
                 out.append(f"{sample}{_labels(fam.labels, values)} 1.0\n")
             else:
@@ -373,6 +403,7 @@ def build_registry(
     from prometheus_client.core import (
         CounterMetricFamily,
         GaugeMetricFamily,
+        HistogramMetricFamily,
         InfoMetricFamily,
         SummaryMetricFamily,
     )
@@ -385,6 +416,19 @@ def build_registry(
             values = dict((v[0], x) for v, x in fam.samples)
             return SummaryMetricFamily(fam.name, fam.doc, count_value=int(values.get("count", 0)),
                                        sum_value=values.get("sum", 0.0))
+        if fam.kind == "histogram":
+            hist = HistogramMetricFamily(fam.name, fam.doc, labels=names)
+            n = len(names)
+            series: dict[tuple[str, ...], tuple[list[tuple[str, float]], float]] = {}
+            for v, x in fam.samples:
+                buckets, total = series.setdefault(tuple(v[:n]), ([], 0.0))
+                if v[n] == "bucket":
+                    buckets.append((v[n + 1], x))
+                elif v[n] == "sum":
+                    series[tuple(v[:n])] = (buckets, x)
+            for key, (buckets, total) in series.items():
+                hist.add_metric(list(key), buckets, total)
+            return hist
         if fam.kind == "info":
             info = InfoMetricFamily(fam.name, fam.doc)
             for v, _ in fam.samples:

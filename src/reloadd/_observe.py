@@ -10,9 +10,10 @@ import contextlib
 import time
 from typing import Any
 
-from ._consumer import Consumer, Reporting
+from ._consumer import Consumer, HealthReporting, Reporting
 from ._drift import DriftBook
 from ._engine import Engine
+from ._health import HealthReport
 from ._snapshot import ConsumerSnapshot, EngineCounters, Snapshot
 from ._watch import Watch
 from ._writers import writers_of
@@ -31,7 +32,8 @@ def pipeline_snapshot(engine: Engine, watch: Watch, *, ready: bool, ready_max_ag
         counts = q.counts()
         held = q.held_removals()
         stats = slot.consumer.stats if isinstance(slot.consumer, Reporting) else None
-        health = slot.records.health
+        state = slot.records.health
+        health = _health(slot.consumer)
         doc: dict[str, Any] | None = None
         if detail:
             doc = {
@@ -44,17 +46,19 @@ def pipeline_snapshot(engine: Engine, watch: Watch, *, ready: bool, ready_max_ag
                 "note": _note(slot.consumer),
                 "drift_mode": slot.drift.mode.value,
                 "drift": _drift_status(slot.drift, now),
-                "state": health.status(),
+                "state": state.status(),
             }
+            if health is not None:
+                doc["health"] = _health_status(health, time.time())
         consumers.append(ConsumerSnapshot(
             name, _plugin_of(slot.consumer), tuple(str(r) for r in slot.filter.roots), len(slot.records),
             counts.rejected, engine.settling(name), counts.pending, counts.in_flight, counts.failing,
             counts.untried, q.oldest_age(), st.batches, st.acked, st.retried, st.rejected, st.dropped_unchanged,
             st.last_success, sum(h["size"] for h in held), len(held), len(engine.held_long(name)),
             stats=_numbers(stats), detail=doc, drift_mode=slot.drift.mode.value,
-            drifted=len(slot.drift.drifted()), drift_total=dict(slot.drift.total),
-            state_not_persisted=health.note(), state_write_errors=health.write_errors,
-            state_unpersisted_seconds=health.seconds_since_success(), state_set_aside=health.set_aside_total,
+            drifted=len(slot.drift.drifted()), drift_total=dict(slot.drift.total), health=health,
+            state_not_persisted=state.note(), state_write_errors=state.write_errors,
+            state_unpersisted_seconds=state.seconds_since_success(), state_set_aside=state.set_aside_total,
         ))
     es = engine.stats
     counters = EngineCounters(dict(es.events), engine.agg.coalesced, es.handed_over, es.overflows, es.resyncs,
@@ -82,6 +86,28 @@ def _note(consumer: Consumer) -> str | None:
     except Exception as exc:  # a plugin bug must not break status
         return f"status_note failed: {exc}"
     return note if isinstance(note, str) else None
+
+
+def _health(consumer: Consumer) -> HealthReport | None:
+    """A consumer's :class:`~reloadd.HealthReporting` answer, if it gives one (a plugin bug: none)."""
+    if not isinstance(consumer, HealthReporting):
+        return None
+    try:
+        report = consumer.health()
+    except Exception:  # a plugin bug must not break status
+        return None
+    return report if isinstance(report, HealthReport) else None
+
+
+def _health_status(report: HealthReport, now: float) -> dict[str, Any]:
+    """The ``health`` part of a consumer in ``reloadd status --json``."""
+    return {
+        "objects": dict(report.objects),
+        "settling": report.settling,
+        "files": [{"path": f.path, "state": f.state, "since": f.since, "for": round(max(0.0, now - f.since), 3),
+                   "object": f.object, "reason": f.reason, "message": f.message, "wave": f.wave}
+                  for f in report.files],
+    }
 
 
 def _drift_status(book: DriftBook, now: float) -> list[dict[str, Any]]:

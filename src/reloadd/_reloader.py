@@ -35,7 +35,7 @@ from ._building import (
     records_for,
 )
 from ._config import Config, ConsumerConfig
-from ._consumer import Consumer, SourceProvider
+from ._consumer import Consumer, HealthReporting, SourceProvider
 from ._drift import DriftBook
 from ._engine import Engine, Force, Slot
 from ._errors import ConfigError, WatchLimitError
@@ -174,13 +174,18 @@ class Reloader:
                 return ()
             waiting = []
             for n in after:
-                if engine.holds(n) or engine.slots[n].queue.has_fresh_work():
+                if engine.holds(n) or engine.slots[n].queue.has_fresh_work() or _health_settling(
+                        engine.slots[n].consumer):
                     waiting.append(n)
                 elif engine.agg.holds(n):  # only paths held past max_delay: go ahead, and say so
                     self._passing(name, n, "consumer", engine.held_long(n))
             return tuple(waiting)
 
         return busy
+
+    def _health_changed(self) -> None:
+        """A consumer's health changed (see :class:`~reloadd.HealthReporting`): its ``after`` dependents look again."""
+        self._call_in_loop(self._notify)
 
     def _group_settling(self, name: str, group_of: Callable[[Path], str | None]) -> Callable[[str], bool]:
         def settling(group: str) -> bool:
@@ -255,11 +260,12 @@ class Reloader:
             private = await asyncio.to_thread(self._private.get, records, cc.name)
             consumer = await asyncio.to_thread(
                 build_consumer, cc, records, private, cfg.source, self._trigger_for(cc.name),
-                self._removal_held_for(cc.name))
+                self._removal_held_for(cc.name), self._health_changed)
             built.append((consumer, records, cc))
         for consumer in self._extra:
             records = await asyncio.to_thread(records_for, cfg.state_dir, consumer.name)
-            bind(consumer, records, self._trigger_for(consumer.name), self._removal_held_for(consumer.name))
+            bind(consumer, records, self._trigger_for(consumer.name), self._removal_held_for(consumer.name),
+                 self._health_changed)
             built.append((consumer, records, embedded_config(consumer)))
         names = [b[0].name for b in built]
         if len(set(names)) != len(names):
@@ -630,3 +636,13 @@ class _Pump:
     async def run(self) -> None:
         self.engine.busy = False
         await self.engine.pump()
+
+
+def _health_settling(consumer: Consumer) -> bool:
+    """Whether ``consumer`` says what it delivered is still on its way to healthy (its ``after`` dependents wait)."""
+    if not isinstance(consumer, HealthReporting):
+        return False
+    try:
+        return consumer.health().settling
+    except Exception:  # a plugin bug must not stop the consumers after it for ever
+        return False

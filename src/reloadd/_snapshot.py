@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ._config import Config
+from ._health import HealthReport
 from ._watch import Watch
 
 __all__ = ["ConsumerSnapshot", "EngineCounters", "Pipeline", "Snapshot"]
@@ -65,6 +66,8 @@ class ConsumerSnapshot:
     """Seconds since its state was last persisted, while writes fail (0 while persisted)."""
     state_set_aside: int = 0
     """State files set aside as unreadable since start."""
+    health: HealthReport | None = None
+    """What the consumer says of the health of what it delivered (see :class:`~reloadd.HealthReporting`)."""
 
 
 @dataclass(frozen=True, slots=True)

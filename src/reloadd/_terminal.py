@@ -21,6 +21,7 @@ __all__ = ["confirm_prune", "format_status", "query_status", "send_reload", "sta
 log = logging.getLogger("reloadd.control")
 
 _LIST_MAX = 10  # pending paths listed per consumer in the table
+_HEALTH_LINES = 50  # files not current listed per consumer (a start-up pass may have thousands progressing)
 
 
 def send_reload(cfg: Config) -> bool:
@@ -187,6 +188,19 @@ def format_status(doc: dict[str, Any], now: float | None = None) -> str:
             by = f" by pid {', '.join(map(str, h['writers']))}" if h.get("writers") else ""
             lines.append(f"  HELD:      {h['path']}: {h.get('why')}{by} for {_ago(float(h.get('held_for', 0)))} "
                          f"(others stopped waiting for it after max_delay; handed over at max_hold)")
+        health = c.get("health")
+        if health:
+            objects = ", ".join(f"{n} {h}" for h, n in sorted(health.get("objects", {}).items()))
+            lines.append(f"  health:    {objects or 'no objects'}")
+            files = health.get("files", [])
+            for f in files[:_HEALTH_LINES]:
+                parts = [p for p in (f.get("object"), f.get("reason"), f.get("message")) if p]
+                wave = f" (wave {f['wave']})" if f.get("wave") is not None else ""
+                lines.append(f"  {f['state'].upper():<10} {f['path']}{wave} for {_ago(float(f.get('for', 0)))}"
+                             + (f": {': '.join(parts)}" if parts else ""))
+            if len(files) > _HEALTH_LINES:
+                more = len(files) - _HEALTH_LINES
+                lines.append(f"  ... {more} more not current (`reloadd status --json` lists them)")
         if c.get("oldest_pending_age"):
             lines.append(f"  waiting:   oldest for {_ago(c['oldest_pending_age'])}")
         if c.get("waiting_for"):

@@ -36,7 +36,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from reloadd import (
     ConsumerContext,
     Drift,
     DriftMode,
+    HealthReport,
     Hold,
     PathRecord,
     PermanentError,
@@ -70,12 +71,15 @@ from ._applyset import LABEL_MANAGED_BY, ObjRef, parent_name
 from ._client import KubeClient
 from ._discovery import Discovery
 from ._events import record_event
+from ._gate import MARKERS, WAVE, Gate, WaveError, needs, provides, wave_of
+from ._health import FileHealthState, FileState, HealthBook
 from ._kubeconfig import load_cluster_config
 from ._lease import LeaderElector, LeaseSettings
 from ._ledger import Ledger
 from ._manifests import Manifest, load_manifest
 from ._moves import MoveGrace
 from ._outcome import FileOutcome
+from ._pods import why_pods_wait
 from ._preview import declared_refs, preview_apply, preview_remove
 from ._settings import Settings
 from ._watch import ObjectWatch, list_members
@@ -86,6 +90,8 @@ SUFFIXES = frozenset({".yaml", ".yml", ".json"})
 SKIP_SUFFIX = ".skip"
 _VERSION = "0.1.0"
 
+APPLY_FAILED = "ApplyFailed"
+"""The reason of a file failed because the server refused some of it (not a health verdict)."""
 _EVENT_AFTER_RETRIES = 3
 """Consecutive transient results of a file before a Warning Event is recorded for it."""
 
@@ -117,7 +123,8 @@ class _WatchFactory:
     def __call__(self, ctx: SourceContext) -> ObjectWatch:
         c = self.consumer
         c._watch = ObjectWatch(ctx, consumer=c.name, ledger=c.ledger, connect=c._connected, mode=c.ctx.drift,
-                               report=c._report_drift, stats=c.stats, active=lambda: not c._standing_by())
+                               report=c._report_drift, stats=c.stats, active=lambda: not c._standing_by(),
+                               observe=c._book.observe)
         return c._watch
 
 
@@ -158,7 +165,18 @@ class KubeManifestsConsumer(BaseConsumer):
         self.stats: dict[str, float] = {
             "files_applied": 0, "files_removed": 0, "files_failed": 0, "removals_deferred": 0,
             "objects_applied": 0, "objects_pruned": 0, "api_requests": 0, "api_retries": 0, "api_dropped": 0,
+            "files_health_failed": 0, "files_waited_for_provider": 0,
         }
+        self._gate = Gate(settings.crd_timeout)
+        self._book = HealthBook(settings.health_timeout, on_change=self._health_moved)
+        self._tracking = not settings.dry_run and ctx.drift is not DriftMode.OFF
+        """Health comes from the ``kube-watch`` source: without it (``drift = "off"``, ``dry_run``) a file is current
+        once applied, as before health tracking."""
+        self._event_tasks: set[asyncio.Task[None]] = set()
+        self._health_failed: set[Path] = set()  # files failed by health (not a refused apply): recovery is logged
+        self._waves: dict[Path, int] = {}  # files in a wave other than 0 (reloadd.io/wave)
+        self._wave_pending: dict[Path, int] = {}  # files handed over and not applied yet, by wave
+        self._wave_moved = asyncio.Event()  # a file's health changed or a pending file was applied
 
     # --- selection -----------------------------------------------------------------------------------
     def _rel(self, path: Path) -> str | None:
@@ -206,6 +224,9 @@ class KubeManifestsConsumer(BaseConsumer):
             bare = self.ledger.load(self.ctx.records.items())
             if bare and self.ctx.drift is not DriftMode.OFF and not self.settings.dry_run:
                 self.ctx.trigger(bare)
+            if self._tracking:
+                self._restore_health()
+            await self._expect_new_providers()
         if self.settings.resync_interval > 0 and self._resync is None:
             self._resync = asyncio.create_task(self._resync_loop(), name=f"reloadd-{self.name}-resync")
 
@@ -268,6 +289,116 @@ class KubeManifestsConsumer(BaseConsumer):
             await asyncio.sleep(self.settings.resync_interval)  # a timer, not a synchronisation
             self.log.debug("Resync: re-applying every manifest")
             self.ctx.trigger(None)
+
+    # --- health ------------------------------------------------------------------------------------------
+    def health(self) -> HealthReport:
+        """Objects by health, files not current, save → current seconds (see ``_health``)."""
+        return self._book.report()
+
+    def _restore_health(self) -> None:
+        """Files applied by an earlier run: progressing until the watch's first list judges their objects."""
+        members: dict[Path, list[ObjRef]] = {}
+        for ref, member in self.ledger.members.items():
+            members.setdefault(member.path, []).append(ref)
+        for path, refs in members.items():
+            self._book.restore(path, tuple(sorted(refs)))
+
+    def _health_moved(self, path: Path, old: FileState | None, f: FileHealthState) -> None:
+        """A file's health changed: one WARNING and an Event when it fails and when it recovers; tell the core."""
+        if f.state is FileState.FAILED and f.failure[1] != APPLY_FAILED:  # a refused apply: the core warned already
+            self.stats["files_health_failed"] += 1
+            self._health_failed.add(path)
+            self._spawn(self._announce_failure(path, f))
+        elif f.state is FileState.CURRENT and path in self._health_failed:
+            self._health_failed.discard(path)
+            self.log.warning("Health of %s recovered: every object is current", path)
+            self._spawn_event(path, "HealthRecovered", f"{path}: every object is current", warning=False)
+        f.wave = self._waves.get(path)
+        self._wave_moved.set()
+        self.ctx.health_changed()
+
+    async def _announce_failure(self, path: Path, f: FileHealthState) -> None:
+        """One WARNING and a ``HealthFailed`` Event; a failed workload's waiting pods named first (see ``_pods``)."""
+        culprit = f.culprit
+        if culprit is not None and self.client is not None and f.failure[1] != "Terminating":
+            problems = await why_pods_wait(self.client, culprit)
+            if problems and f.state is FileState.FAILED and f.culprit == culprit:
+                obj, reason, message = f.failure
+                f.failure = (obj, reason, "; ".join([message, *problems] if message else problems))
+        text = ": ".join(p for p in f.failure if p)
+        self.log.warning("Health of %s failed: %s", path, text)
+        self._spawn_event(path, "HealthFailed", f"{path}: {text}", warning=True)
+
+    def _spawn_event(self, path: Path, reason: str, message: str, *, warning: bool) -> None:
+        if self.client is None or self.settings.dry_run:
+            return
+        self._spawn(record_event(
+            self.client, self.settings.namespace, parent_name(self.key(path)), reason=reason, message=message,
+            warning=warning, component=f"reloadd/{self.name}", log=self.log))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._event_tasks.add(task)
+        task.add_done_callback(self._event_tasks.discard)
+
+    async def _expect_new_providers(self) -> None:
+        """Files of the folder never applied that declare a Namespace or a CRD: the start-up pass is about to
+        apply them, whatever batch they come in, so the files that need them wait for them (see ``_gate``)."""
+        paths = [p for p in await asyncio.to_thread(self._present_files)
+                 if p not in self.ctx.records and p.suffix.lower() != SKIP_SUFFIX]
+        await self._expect(paths)
+
+    async def _expect(self, paths: Sequence[Path], *, waves: bool = False) -> set[Path]:
+        """Register those of ``paths`` that declare a Namespace or a CRD with the gate (returns them), and with
+        ``waves`` the wave of each (files handed over now: the later waves wait for them)."""
+        found = await asyncio.to_thread(_may_provide, paths)
+        out: set[Path] = set()
+        for path in paths:
+            if waves:
+                self._waves.pop(path, None)
+            if path not in found:
+                if waves:
+                    self._wave_pending[path] = 0
+                continue
+            try:
+                manifest = await load_manifest(path, max_bytes=self.settings.max_file_size)
+            except ReloaddError:
+                continue  # its own pass reports it
+            keys = provides(manifest)
+            if keys:
+                self._gate.expect(path, keys)
+                out.add(path)
+            if waves:
+                with contextlib.suppress(WaveError):  # its own pass rejects it
+                    wave = wave_of(manifest)
+                    self._wave_pending[path] = wave
+                    if wave:
+                        self._waves[path] = wave
+        return out
+
+    async def _wait_wave(self, path: Path, wave: int) -> None:
+        """Wait until no file of an earlier wave is about to be applied, applying or progressing (failed and
+        current ones release it), ``health_timeout`` at most."""
+        deadline = time.monotonic() + self.settings.health_timeout
+        logged = False
+        while True:
+            blockers = [p for p, w in self._wave_pending.items() if w < wave and p != path] + [
+                p for p, f in self._book.files.items() if p != path and self._waves.get(p, 0) < wave
+                and f.state in (FileState.APPLYING, FileState.PROGRESSING)]
+            left = deadline - time.monotonic()
+            if not blockers:
+                return
+            if left <= 0:
+                self.log.warning("Applying %s (wave %d) although %s of an earlier wave is not current after "
+                                 "health_timeout", path, wave, blockers[0])
+                return
+            if not logged:
+                logged = True
+                self.log.info("%s (wave %d) waits for %d file(s) of earlier waves, e.g. %s", path, wave,
+                              len(blockers), blockers[0])
+            self._wave_moved.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wave_moved.wait(), left)
 
     # --- leader election ---------------------------------------------------------------------------
     def _became_leader(self) -> None:
@@ -341,6 +472,9 @@ class KubeManifestsConsumer(BaseConsumer):
             await self.elector.release()
             await self.elector.client.close()
         self._moves.close()
+        self._book.close()
+        for task in list(self._event_tasks):  # a failure being announced: its Event is lost with the process
+            task.cancel()
         if self._resync is not None:
             self._resync.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -433,8 +567,28 @@ class KubeManifestsConsumer(BaseConsumer):
         drift = batch.reason is Reason.DRIFT
 
         async def apply(change: Change) -> Result:
-            async with self._files:
-                return await self._one(applier, change, claimed, drift=drift)
+            manifest = None
+            try:
+                if not self._unchanged(change) and not _marked(change.path):
+                    with contextlib.suppress(ReloaddError):  # the apply below loads it again and reports it
+                        manifest = await load_manifest(change.path, max_bytes=self.settings.max_file_size)
+                    if manifest is not None:
+                        try:
+                            wave = wave_of(manifest)
+                        except WaveError as exc:
+                            self._book.removed(change.path)
+                            return Reject(f"{change.path}: {exc}")
+                        if wave:
+                            await self._wait_wave(change.path, wave)
+                        if not self._gate.providing(change.path) and await self._gate.wait(
+                                change.path, needs(manifest)):
+                            self.stats["files_waited_for_provider"] += 1
+                async with self._files:
+                    return await self._one(applier, change, claimed, drift=drift, manifest=manifest)
+            finally:
+                self._gate.done(change.path)
+                if self._wave_pending.pop(change.path, None) is not None:
+                    self._wave_moved.set()
 
         async def remove(change: Change) -> Result:
             if over is not None and not change.prune_confirmed:
@@ -454,6 +608,11 @@ class KubeManifestsConsumer(BaseConsumer):
         # Every existing file at once (each settles on its own), then the removals one by one, so
         # nothing a file of this batch declares is pruned.
         files = [c for c in live if c.path.suffix.lower() != SKIP_SUFFIX]
+        # Order by health across the folder (see ``_gate``): the files that create namespaces and CRDs first,
+        # then lexical order, as ``kubectl apply -f DIR``; the files that need them wait for them.
+        providers = await self._expect([c.path for c in files if not _marked(c.path)], waves=True)
+        files.sort(key=lambda c: (self._waves.get(c.path, 0),
+                                  c.path not in providers and not self._gate.providing(c.path), str(c.path)))
         # As many at once as may apply (the semaphore is shared across batches): no task per waiting file.
         results.update(await self.each(batch, files, apply, limit=self.concurrency))
         self._limit_held.difference_update(c.path for c in live)
@@ -506,7 +665,28 @@ class KubeManifestsConsumer(BaseConsumer):
                 self.log.warning("The next pass cannot apply all of %s: %s", path, problem)
         for path in removals:
             planned[path] = await preview_remove(applier, self.key(path), keep=claimed)
+        self._plan_waves(manifests, planned, refused)
         return {p: [*planned.get(p, ()), *refused.get(p, ())] for p in {**planned, **refused}}
+
+    @staticmethod
+    def _plan_waves(manifests: Mapping[Path, Manifest], planned: dict[Path, list[PlannedChange]],
+                    refused: dict[Path, list[PlannedChange]]) -> None:
+        """With waves in use, each planned file says its wave first (``wave 1 of 0, 1: ...``)."""
+        waves: dict[Path, int] = {}
+        for path, manifest in manifests.items():
+            try:
+                waves[path] = wave_of(manifest)
+            except WaveError as exc:
+                refused.setdefault(path, []).append(PlannedChange.invalid(path, str(exc)))
+        used = sorted(set(waves.values()))
+        if used == [0] or not used:
+            return
+        for path, wave in waves.items():
+            earlier = [w for w in used if w < wave]
+            when = (f"applied once every object of wave {', '.join(map(str, earlier))} is current"
+                    if earlier else "applied first")
+            planned.setdefault(path, []).insert(0, PlannedChange(
+                "wave", f"{wave} of {', '.join(map(str, used))}: {when}", detail={"wave": wave}))
 
     async def plan_drift(self, paths: Sequence[Path]) -> Plan:
         """Members of these recorded files deleted, or with fields reloadd owns changed by another manager.
@@ -540,14 +720,17 @@ class KubeManifestsConsumer(BaseConsumer):
         record = self.ctx.records.get(change.path)
         return unchanged(change, record) and record is not None and isinstance(record.data, dict)
 
-    async def _one(self, applier: Applier, change: Change, claimed: set[ObjRef], *, drift: bool = False) -> Result:
+    async def _one(self, applier: Applier, change: Change, claimed: set[ObjRef], *, drift: bool = False,
+                   manifest: Manifest | None = None) -> Result:
         self.ledger.begin(change.path)
         try:
-            return await self._one_file(applier, change, claimed, drift=drift)
+            return await self._one_file(applier, change, claimed, drift=drift, manifest=manifest)
         finally:
+            self._book.abandon(change.path)
             self._settled(change.path)
 
-    async def _one_file(self, applier: Applier, change: Change, claimed: set[ObjRef], *, drift: bool) -> Result:
+    async def _one_file(self, applier: Applier, change: Change, claimed: set[ObjRef], *, drift: bool,
+                        manifest: Manifest | None = None) -> Result:
         path = change.path
         skipped = change.kind is not ChangeKind.DELETED and _marked(path)
         if change.kind is not ChangeKind.DELETED:
@@ -559,6 +742,7 @@ class KubeManifestsConsumer(BaseConsumer):
         if change.kind is ChangeKind.DELETED or skipped:
             out = await applier.remove_file(self.key(path), keep=claimed)
             self.ledger.removed(path)
+            self._book.removed(path)
             self._removed.append((time.monotonic(), len(out.pruned)))
             self._limit_held.discard(path)
             self.stats["files_removed"] += 1
@@ -568,7 +752,9 @@ class KubeManifestsConsumer(BaseConsumer):
         previous = record.data if record is not None and isinstance(record.data, dict) else None
         if self._unchanged(change):
             return Ack(previous)
-        manifest = await load_manifest(path, max_bytes=self.settings.max_file_size)
+        self._book.applying(path, _saved(path, self.settings.health_timeout))
+        if manifest is None:
+            manifest = await load_manifest(path, max_bytes=self.settings.max_file_size)
         # A drift correction re-applies the file; only an operator's forced pass also lists every kind.
         out = await applier.apply_file(self.key(path), str(path), manifest, thorough=change.forced and not drift)
         owned = self.ledger.applied(path, out.applyset, out.answers) if not self.settings.dry_run else {}
@@ -578,6 +764,16 @@ class KubeManifestsConsumer(BaseConsumer):
         self._moves.adopted(applier.claims.wanted_by_others)
         self.stats["files_applied"] += 1
         self.stats["objects_applied"] += out.applied
+        if out.errors:
+            self._book.apply_failed(path, APPLY_FAILED, out.summary())
+        elif out.transient:
+            # Retried by the core (which shows it failing): judged once applied whole; `after` goes by the core's
+            # rule for a retrying path meanwhile, as before health was tracked.
+            self._book.abandon(path)
+        elif self._tracking:
+            self._book.applied(path, out.answers, tuple(sorted(out.desired)))
+        else:
+            self._book.untracked(path)
         await self._warn(path, out, previous)
         return await self._result(path, out, {**out.to_data(), "owned": owned}, "apply")
 
@@ -648,3 +844,27 @@ def _suffix(name: str) -> str:
     """``Path(name).suffix`` of a file name, without building the ``Path``."""
     i = name.rfind(".")
     return name[i:] if 0 < i < len(name) - 1 else ""
+
+
+def _may_provide(paths: Sequence[Path]) -> list[Path]:
+    """Those of ``paths`` whose bytes name a Namespace or a CRD (the others are not parsed to find out)."""
+    out = []
+    for path in paths:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if any(m in data for m in MARKERS) or WAVE.encode() in data:
+            out.append(path)
+    return out
+
+
+def _saved(path: Path, horizon: float) -> float:
+    """When ``path`` was saved (Unix time), for save → current; a file older than ``horizon`` seconds (the
+    start-up pass over a folder written long ago) counts from now."""
+    now = time.time()
+    try:
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        return now
+    return mtime if 0 <= now - mtime <= horizon else now

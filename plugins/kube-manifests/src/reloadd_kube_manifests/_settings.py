@@ -55,6 +55,9 @@ class Settings:
         lease_duration: Seconds a standby waits after it last saw the Lease change.
         renew_deadline: Seconds the leader keeps trying to renew before it stops writing.
         retry_period: Seconds between tries to acquire or renew.
+        health_timeout: Seconds a file's objects have, from its apply, to become current before the file
+            is failed (``HealthTimeout``), as Flux's ``timeout``; also bounds how long a wave, and a
+            consumer ordered ``after`` this one, wait for it.
     """
 
     kubeconfig: Path | None = None
@@ -77,6 +80,7 @@ class Settings:
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
+    health_timeout: float = 300.0
 
     @classmethod
     def from_options(cls, table: Mapping[str, Any], where: str, base: Path | None = None) -> Settings:
@@ -103,6 +107,7 @@ class Settings:
             lease_duration=opts.duration("lease_duration", 15.0),
             renew_deadline=opts.duration("renew_deadline", 10.0),
             retry_period=opts.duration("retry_period", 2.0),
+            health_timeout=opts.duration("health_timeout", 300.0),
         )
         opts.finish()
         problem = LeaseSettings("x", "x", settings.lease_duration, settings.renew_deadline,

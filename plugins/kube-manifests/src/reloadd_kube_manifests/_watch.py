@@ -87,6 +87,7 @@ class ObjectWatch:
         mode: The consumer's ``drift`` mode.
         report: Called with (file, drift) in ``detect`` mode (the consumer records a Warning Event).
         active: Whether drift is this process's to act on (a standby's is not: the leader's is).
+        observe: Called with every listed or watched member (``None``: deleted): the health book's feed.
     """
 
     name = "kube-watch"
@@ -94,7 +95,8 @@ class ObjectWatch:
     def __init__(self, ctx: SourceContext, *, consumer: str, ledger: Ledger,
                  connect: Callable[[], Awaitable[tuple[KubeClient, Discovery]]], mode: DriftMode,
                  report: Callable[[Path, Drift], Coroutine[Any, Any, None]] | None = None,
-                 stats: dict[str, float] | None = None, active: Callable[[], bool] = lambda: True) -> None:
+                 stats: dict[str, float] | None = None, active: Callable[[], bool] = lambda: True,
+                 observe: Callable[[ObjRef, Mapping[str, Any] | None], None] | None = None) -> None:
         self.ctx = ctx
         self.consumer = consumer
         self.ledger = ledger
@@ -102,6 +104,7 @@ class ObjectWatch:
         self.mode = mode
         self.report = report
         self.active = active
+        self.observe = observe
         self.log = logging.getLogger(f"reloadd.consumer.{consumer}.watch")
         self._changed = asyncio.Event()
         self._backoff = Backoff(0.5, 30.0)
@@ -223,6 +226,8 @@ class ObjectWatch:
         return rv
 
     def _judge(self, kind: str, ref: ObjRef, obj: Mapping[str, Any] | None) -> None:
+        if self.observe is not None:
+            self.observe(ref, None if kind == "DELETED" else obj)  # health (see ``_health``): the same events
         got = self.ledger.judge(kind, ref, obj)
         if got is not None:
             self.emit(got[0], got[1], ref)
