@@ -4,7 +4,8 @@
 
 1. ``mmdebstrap`` (minbase + python3, python3-venv, ca-certificates) from the machine's own Debian sources
    (``/etc/apt/sources.list.d/*.sources`` or ``/etc/apt/sources.list``): no container registry is asked.
-   ``/etc/reloadd/reloadd.toml`` is the DaemonSet's own (``examples/kubernetes/configmap.yaml``).
+   ``/etc/reloadd/reloadd.toml`` is the node agent's own config and ``/etc/reloadd/applier.toml`` the applier's
+   (``examples/kubernetes/{node-agent,applier}/configmap.yaml``): one image, two roles.
 2. ``pip wheel`` of reloadd and its four plugins (and their dependencies), installed with ``--no-index`` into
    a venv at ``/opt/reloadd`` inside the root file system, in a chroot with a clean environment.
 3. One layer, written reproducibly: entries sorted, every mtime ``SOURCE_DATE_EPOCH``, numeric owners only,
@@ -96,11 +97,12 @@ def rootfs(work: Path, when: int) -> Path:
     (target / "usr" / "local" / "bin" / "reloadd").symlink_to("/opt/reloadd/bin/reloadd")
     etc = target / "etc" / "reloadd"
     etc.mkdir(parents=True, exist_ok=True)
-    # The DaemonSet's own configuration (its ConfigMap), so `reloadd check` in the image checks what ships.
+    # Each role's own configuration (its ConfigMap), so `reloadd check` in the image checks what ships.
     import yaml
 
-    shipped = yaml.safe_load((ROOT / "examples" / "kubernetes" / "configmap.yaml").read_text())
-    (etc / "reloadd.toml").write_text(shipped["data"]["reloadd.toml"])
+    for role, file in (("node-agent", "reloadd.toml"), ("applier", "applier.toml")):
+        shipped = yaml.safe_load((ROOT / "examples" / "kubernetes" / role / "configmap.yaml").read_text())
+        (etc / file).write_text(shipped["data"]["reloadd.toml"])
     for junk in ("var/cache/apt", "var/lib/apt/lists", "var/log", "root/.cache"):
         path = target / junk
         if path.is_dir():

@@ -70,7 +70,8 @@ async def test_the_image_is_reproducible_imports_and_runs(tmp_path: Path) -> Non
     env = {e.split("=", 1)[0]: e.split("=", 1)[1] for e in config["config"]["Env"]}  # type: ignore[index]
     entry = config["config"]["Entrypoint"]  # type: ignore[index]
     for args, expected in ((["--version"], "reloadd 0.1.0"),
-                           (["check", "--config", "/etc/reloadd/reloadd.toml"], "OK (3 consumer(s))")):
+                           (["check", "--config", "/etc/reloadd/reloadd.toml"], "OK (2 consumer(s))"),  # node agent
+                           (["check", "--config", "/etc/reloadd/applier.toml"], "OK (1 consumer(s))")):
         proc = await asyncio.to_thread(subprocess.run, ["/usr/sbin/chroot", str(rootfs), *entry, *args],
                                        env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0 and expected in proc.stdout + proc.stderr, (args, proc.stdout, proc.stderr)
