@@ -27,7 +27,7 @@ The machines are shared and noisy (2 cores), so every figure that compares reloa
 | kube-manifests | `python -m bench.kube_manifests` | `kubectl apply --server-side` v1.20.2 (Debian's) |
 | registry-mirrors | `python -m bench.registry_mirrors` | — (save → hosts.toml latency) |
 | guarded state | `python -m bench.drift` | the same reloadd with `drift = "off"` (idle CPU) |
-| fleet | `python -m bench.fleet` | the bound: node agents make no request; 3 applier candidates cost one Lease write per retry period plus one read per standby per retry period, whatever the node count |
+| fleet | `python -m bench.fleet` | node agents 0 requests; 3 candidates flat in N (1 write + 2 reads a retry period) |
 | daemon footprint | `python -m bench.daemon` | — (the targets of issue #26: RSS and CPU of the idle daemon) |
 """
 
