@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Install the Debian packages reloadd's tests, demo and benchmarks start for real:
-# a private containerd, docker-registry and skopeo, etcd, mmdebstrap (the image). Idempotent: installs only what is missing.
+# a private containerd, docker-registry and skopeo, etcd, mmdebstrap (the image), and qemu-user-static with
+# binfmt-support and arch-test (the image's arm64 root file system). Idempotent: installs only what is missing.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for pkg in containerd docker-registry skopeo etcd-server openssl curl python3-venv vim nano rsync systemd mmdebstrap; do
+for pkg in containerd docker-registry skopeo etcd-server openssl curl python3-venv vim nano rsync systemd mmdebstrap \
+    qemu-user-static binfmt-support arch-test; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
