@@ -34,9 +34,12 @@ containerd-releases: deps
 test: deps kube containerd-releases install
 	$(BIN)/pytest -q -p no:cacheprovider
 
-# reloadd's OCI image archive, built offline from Debian packages and the project's wheels (reproducible).
+# reloadd's OCI image archive, built offline from Debian packages and the project's wheels (reproducible): one
+# OCI image index with linux/amd64 and linux/arm64 (arm64's Debian packages run under qemu-user-static).
+# `make image PLATFORMS=amd64` builds one platform only.
+PLATFORMS ?= amd64,arm64
 image: deps install
-	$(BIN)/python scripts/image/build_image.py build/reloadd-image.tar
+	$(BIN)/python scripts/image/build_image.py build/reloadd-image.tar --platforms $(PLATFORMS)
 
 check: install
 	$(BIN)/ruff check src plugins tests bench examples

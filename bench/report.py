@@ -28,7 +28,7 @@ The machines are shared and noisy (2 cores), so every figure that compares reloa
 | kube-manifests on a node | `python -m bench.kube_manifests.node` | `kubectl apply` + `rollout status` v1.20.2 |
 | registry-mirrors | `python -m bench.registry_mirrors` | — (save → hosts.toml latency) |
 | guarded state | `python -m bench.drift` | the same reloadd with `drift = "off"` (idle CPU) |
-| fleet | `python -m bench.fleet` | the bound: one Lease write per retry period for the leader, none from standbys |
+| fleet | `python -m bench.fleet` | node agents 0 requests; 3 candidates flat in N (1 write + 2 reads a retry period) |
 | daemon footprint | `python -m bench.daemon` | — (the targets of issue #26: RSS and CPU of the idle daemon) |
 """
 

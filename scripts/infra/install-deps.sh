@@ -4,6 +4,7 @@
 # EIO-on-write file system), chromium (the docs site's browser test opens every page headless), and what the test
 # bed's node needs beside the kubelet (tests/kube/node.py): runc (containerd's runtime), the CNI plugins,
 # busybox-static (the binary its sandbox and test images run) and iproute2 (its teardown deletes the CNI bridge).
+# qemu-user-static with binfmt-support and arch-test (the image's arm64 root file system).
 # Idempotent: installs only what is missing.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
@@ -11,7 +12,8 @@ need=()
 for pkg in containerd docker-registry skopeo etcd-server openssl curl python3-venv vim nano rsync systemd mmdebstrap \
     libfuse3-3 fuse3 \
     chromium \
-    runc containernetworking-plugins busybox-static iproute2; do
+    runc containernetworking-plugins busybox-static iproute2 \
+    qemu-user-static binfmt-support arch-test; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

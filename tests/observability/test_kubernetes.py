@@ -1,54 +1,25 @@
-"""examples/kubernetes against a real kube-apiserver: server-side dry run, and the RBAC is enough (and no more)."""
+"""examples/kubernetes against a real kube-apiserver: both roles dry-run clean, each shaped as its role needs.
+
+The rights themselves (what each ServiceAccount may and may not do, and the applier running with its own token)
+are tests/observability/test_least_privilege.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import tomllib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from reloadd import Reloader, load_config
-from reloadd._services import services
-from tests.daemon_config import write_config
 from tests.kube.apiserver import KubeCluster
 from tests.kube_manifests._corpus import Kubectl
-from tests.waiting import until
 
-from .support import sample, scrape
+from .kube_roles import APPLIER, EXAMPLES, NODE_AGENT, build
 
 pytestmark = pytest.mark.timeout(240)
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "kubernetes"
-TEST_GROUP = "reloadd:restricted"  # the cluster's token-authenticated user without any RBAC
-
-_PLURAL = {"Namespace": "namespaces", "ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps",
-           "DaemonSet": "daemonsets", "Role": "roles", "RoleBinding": "rolebindings",
-           "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings"}
-
-
-def load_examples() -> list[dict[str, Any]]:
-    """Every object of the kustomization, in its resource order."""
-    kust = yaml.safe_load((EXAMPLES / "kustomization.yaml").read_text())
-    objs: list[dict[str, Any]] = []
-    for name in kust["resources"]:
-        objs += [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
-    return objs
-
-
-def url(obj: dict[str, Any]) -> str:
-    api = obj["apiVersion"]
-    base = f"/api/{api}" if "/" not in api else f"/apis/{api}"
-    ns = obj["metadata"].get("namespace")
-    return f"{base}/{f'namespaces/{ns}/' if ns else ''}{_PLURAL[obj['kind']]}/{obj['metadata']['name']}"
-
-
-def apply(kube: KubeCluster, obj: dict[str, Any], *, dry_run: bool) -> tuple[int, Any]:
-    q = "?fieldManager=reloadd-test&force=true" + ("&dryRun=All" if dry_run else "")
-    return kube.request("PATCH", url(obj) + q, obj, content_type="application/apply-patch+yaml")
 
 
 @pytest.fixture(scope="module")
@@ -58,121 +29,76 @@ def kube() -> Iterator[KubeCluster]:
         yield cluster
 
 
-async def test_manifests_pass_server_side_dry_run(kube: KubeCluster) -> None:
-    objs = load_examples()
-    assert [o["kind"] for o in objs].count("DaemonSet") == 1
-    [ns] = [o for o in objs if o["kind"] == "Namespace"]
-    status, body = await asyncio.to_thread(apply, kube, ns, dry_run=False)  # dry run needs the namespace
-    assert status in (200, 201), body
-    for obj in objs:
-        status, body = await asyncio.to_thread(apply, kube, obj, dry_run=True)
-        assert status in (200, 201), f"{obj['kind']} {obj['metadata']['name']}: {status} {body}"
-    ds = next(o for o in objs if o["kind"] == "DaemonSet")
-    assert await asyncio.to_thread(kube.get, url(ds)) is None  # a dry run persists nothing
+def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    [obj] = [o for o in objs if o["kind"] == kind]
+    return obj
 
-    # As an operator runs it: the whole kustomization through kubectl (Debian's v1.20.2), server-side dry run.
+
+def config_of(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return tomllib.loads(one(objs, "ConfigMap")["data"]["reloadd.toml"])
+
+
+async def test_both_roles_pass_server_side_dry_run(kube: KubeCluster) -> None:
+    # The namespace for real first: a server-side dry run of namespaced objects needs it to exist.
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "reloadd"}}
+    await asyncio.to_thread(kube.apply, namespace, "/api/v1/namespaces/reloadd")
     kubectl = Kubectl(kube.kubeconfig, kube.workdir / "kubectl-cache")
-    out = await kubectl("apply", "--dry-run=server", "-k", str(EXAMPLES))
-    assert "daemonset.apps/reloadd" in out and "(server dry run)" in out, out
-    assert await asyncio.to_thread(kube.get, url(ds)) is None
+    for overlay, workloads in (("node-agent", ["daemonset.apps/reloadd-node"]),
+                               ("applier", ["deployment.apps/reloadd-applier"]),
+                               ("", ["daemonset.apps/reloadd-node", "deployment.apps/reloadd-applier"])):
+        out = await kubectl("apply", "--dry-run=server", "-k", str(EXAMPLES / overlay))
+        assert all(w in out for w in workloads) and "(server dry run)" in out, out
+        assert "error" not in out.lower(), out
+    assert await asyncio.to_thread(kube.get, "/apis/apps/v1/namespaces/reloadd/daemonsets/reloadd-node") is None
+    assert await asyncio.to_thread(kube.get, "/apis/apps/v1/namespaces/reloadd/deployments/reloadd-applier") is None
 
-    # the probes point at the endpoints reloadd serves, and the config they use is valid
+
+def ids(objs: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return sorted((o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]) for o in objs)
+
+
+async def test_the_top_level_kustomization_is_exactly_both_roles(kube: KubeCluster) -> None:
+    both, node_agent, applier = [await build(kube, d) for d in ("", "node-agent", "applier")]
+    union = {json.dumps(o, sort_keys=True) for o in [*node_agent, *applier]}
+    assert sorted(json.dumps(o, sort_keys=True) for o in both) == sorted(union)
+    assert len(ids(both)) == len(set(ids(both)))
+
+
+async def test_node_agent_runs_everywhere_with_no_token_and_no_applier(kube: KubeCluster) -> None:
+    objs = await build(kube, "node-agent")
+    assert sorted(o["kind"] for o in objs) == ["ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"]
+    sa, ds = one(objs, "ServiceAccount"), one(objs, "DaemonSet")
     pod = ds["spec"]["template"]["spec"]
+    assert sa["metadata"]["name"] == pod["serviceAccountName"] == NODE_AGENT
+    assert sa["automountServiceAccountToken"] is False and pod["automountServiceAccountToken"] is False
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    cfg = config_of(objs)
+    assert sorted(c["plugin"] for c in cfg["consumer"]) == ["containerd-images", "registry-mirrors"]
     c = pod["containers"][0]
-    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    toml = next(o for o in objs if o["kind"] == "ConfigMap")["data"]["reloadd.toml"]
-    assert 'metrics_listen = "127.0.0.1:9464"' in toml and c["livenessProbe"]["httpGet"]["port"] == 9464
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert cfg["reloadd"]["metrics_listen"] == "127.0.0.1:9464" and c["livenessProbe"]["httpGet"]["port"] == 9464
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
-    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    for needed in ("/var/lib/reloadd/images", "/var/lib/reloadd/manifests", "/var/lib/reloadd/state",
-                   "/run/containerd", "/etc/containerd/certs.d"):
-        assert needed in mounts and needed in host.values(), needed
+    host = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    for needed in ("/var/lib/reloadd/images", "/var/lib/reloadd/state", "/run/containerd", "/etc/containerd/certs.d"):
+        assert needed in mounts and needed in host, needed
+    assert "/var/lib/reloadd/manifests" not in mounts | host  # the manifests folder is the applier's alone
 
 
-def grant_test_group(kube: KubeCluster, objs: list[dict[str, Any]]) -> None:
-    """Apply the example RBAC for real and bind the same roles to the cluster's restricted user too."""
-    for o in objs:
-        if o["kind"] in ("Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"):
-            status, body = apply(kube, o, dry_run=False)
-            assert status in (200, 201), body
-    for o in objs:
-        if o["kind"] in ("RoleBinding", "ClusterRoleBinding"):
-            twin = json.loads(json.dumps(o))
-            twin["metadata"]["name"] += "-test-twin"
-            twin["subjects"] = [{"kind": "Group", "name": TEST_GROUP, "apiGroup": "rbac.authorization.k8s.io"}]
-            status, body = apply(kube, twin, dry_run=False)
-            assert status in (200, 201), body
-
-
-APP = """
-apiVersion: v1
-kind: Namespace
-metadata: {name: demo-app}
----
-apiVersion: v1
-kind: ConfigMap
-metadata: {name: web-config, namespace: demo-app}
-data: {greeting: hello}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: web, namespace: demo-app}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: web}}
-  template:
-    metadata: {labels: {app: web}}
-    spec:
-      containers: [{name: web, image: 127.0.0.1:5000/web:v1}]
-"""
-
-ESCALATION = """
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: everything}
-rules: [{apiGroups: ["*"], resources: ["*"], verbs: ["*"]}]
-"""
-
-
-async def test_rbac_is_enough_for_the_applier_and_no_more(kube: KubeCluster, tmp_path: Path) -> None:
-    await asyncio.to_thread(grant_test_group, kube, load_examples())
-    manifests = tmp_path / "manifests"
-    manifests.mkdir()
-    (manifests / "app.yaml").write_text(APP)
-    (manifests / "escalate.yaml").write_text(ESCALATION)
-    cfg = load_config(write_config(
-        tmp_path / "reloadd.toml",
-        {"state_dir": str(tmp_path / "state"), "quiet": "50ms", "metrics_listen": "127.0.0.1:0"},
-        [{"name": "manifests", "plugin": "kube-manifests", "paths": [str(manifests)],
-          "options": {"kubeconfig": str(kube.restricted_kubeconfig), "namespace": "kube-system"}}],
-    ))
-    r = Reloader(cfg)
-    async with services(r) as svc, r:
-        base = (svc.metrics_url or "").removesuffix("/metrics")
-        deploy = "/apis/apps/v1/namespaces/demo-app/deployments/web"
-
-        async def applied() -> bool:
-            return await asyncio.to_thread(kube.get, deploy) is not None
-
-        await until(applied, timeout=60, what="the app applied with the example RBAC")
-        assert (await asyncio.to_thread(kube.get, "/api/v1/namespaces/demo-app/configmaps/web-config")) is not None
-
-        async def refused() -> bool:
-            rejected = r.status()["consumers"]["manifests"]["rejected"]
-            return any(x["path"].endswith("escalate.yaml") for x in rejected)
-
-        await until(refused, timeout=60, what="the ClusterRole refused")
-        [err] = [x["error"] for x in r.status()["consumers"]["manifests"]["rejected"]]
-        assert "forbidden" in err.lower()
-        assert await asyncio.to_thread(kube.get, "/apis/rbac.authorization.k8s.io/v1/clusterroles/everything") is None
-        m = await scrape(base)
-        assert (sample(m, "reloadd_consumer_stat", consumer="manifests", name="objects_applied") or 0) >= 3
-        assert sample(m, "reloadd_consumer_results_total", consumer="manifests", outcome="failure") == 1
-
-        (manifests / "app.yaml").unlink()  # prune with the same rights
-
-        async def pruned() -> bool:
-            return await asyncio.to_thread(kube.get, deploy) is None
-
-        await until(pruned, timeout=60, what="the app pruned")
+async def test_applier_runs_on_control_plane_nodes_only_leader_elected(kube: KubeCluster) -> None:
+    node_agent, objs = await build(kube, "node-agent"), await build(kube, "applier")
+    deploy = one(objs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == APPLIER and deploy["spec"]["replicas"] >= 2
+    [term] = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]
+    tolerated = {t.get("key") for t in pod["tolerations"]}
+    assert "node-role.kubernetes.io/control-plane" in tolerated and None not in tolerated  # no blanket toleration
+    cfg = config_of(objs)
+    [consumer] = cfg["consumer"]
+    assert consumer["plugin"] == "kube-manifests" and consumer["options"]["leader_elect"] is True
+    # one image for both roles; the two can share a node (ports and state dirs apart)
+    image = {one(node_agent, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"],
+             pod["containers"][0]["image"]}
+    assert len(image) == 1
+    assert cfg["reloadd"]["state_dir"] != config_of(node_agent)["reloadd"]["state_dir"]
+    assert cfg["reloadd"]["metrics_listen"] != config_of(node_agent)["reloadd"]["metrics_listen"]

@@ -3,14 +3,18 @@
 Several reloadd processes (one per node) may watch copies of one manifests folder; only the holder of the
 Lease applies and prunes. The algorithm is client-go's ``tryAcquireOrRenew``:
 
+* **Fast path** (client-go 1.30, kubernetes#122069): the holder whose lease is still valid by its own clock
+  PUTs its cached Lease at once, with the ``resourceVersion`` of its last GET or PUT answer: a renewal is one
+  request. Only when that PUT fails (409: someone wrote the Lease since) does it take the slow path below.
 * GET the Lease (404: POST one naming this process; success = leader).
 * Whenever the Lease's spec differs from the last one seen, note *this process's* monotonic time: expiry is
   judged from when this process last saw the Lease change, plus the holder's ``leaseDurationSeconds``; no
   other host's clock is trusted.
 * Held by another and not expired: not leader. Else PUT this process as holder, with the
   ``resourceVersion`` of the GET as precondition (a 409 loses the race).
-* Acquire: try every ``retry_period`` (× up to 1.2, jittered). Renew: every ``retry_period``, retrying for
-  at most ``renew_deadline``; failing that, leadership is over.
+* Acquire: try every ``retry_period`` (× up to 1.2, jittered): a standby reads the Lease once per retry period
+  and writes nothing. Renew: every ``retry_period``, retrying for at most ``renew_deadline``; failing that,
+  leadership is over.
 
 Fencing: :meth:`LeaderElector.may_write` is true only while this process holds the Lease *and* its last
 successful renewal is younger than ``renew_deadline`` on the monotonic clock, which keeps running while the
@@ -111,7 +115,9 @@ class LeaderElector:
         self._observed: Mapping[str, Any] | None = None
         self._observed_at = 0.0
         self._last_renew = float("-inf")
-        self.stats = {"lease_writes": 0, "lease_reads": 0, "transitions": 0}
+        self._lease: Mapping[str, Any] | None = None
+        """The Lease as the server last answered it (GET, POST or PUT): the fast path PUTs its resourceVersion."""
+        self.stats = {"lease_writes": 0, "lease_reads": 0, "transitions": 0, "slow_path": 0}
 
     @property
     def _path(self) -> str:
@@ -143,9 +149,34 @@ class LeaderElector:
             "leaseTransitions": transitions if ours or old is None else transitions + 1,
         }
 
-    async def try_acquire_or_renew(self) -> bool:
-        """One attempt (client-go's ``tryAcquireOrRenew``); ``True`` when this process holds the Lease now."""
+    def _body(self, lease: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
+        """A full Lease for a PUT: ``spec`` with ``lease``'s resourceVersion as the precondition."""
         s = self.settings
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": s.name, "namespace": s.namespace,
+                             "resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")},
+                "spec": dict(spec)}
+
+    def _valid_holder(self) -> bool:
+        """This process holds the Lease and, by its own clock, the lease has not run out (client-go's fast path)."""
+        spec = (self._lease or {}).get("spec") or {}
+        if self._lease is None or spec.get("holderIdentity") != self.identity:
+            return False
+        duration = float(spec.get("leaseDurationSeconds") or self.settings.lease_duration)
+        return self._observed_at + duration > self._clock()
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One attempt (client-go's ``tryAcquireOrRenew``); ``True`` when this process holds the Lease now.
+
+        A valid holder renews with one PUT of its cached Lease; everyone else (and a holder whose PUT failed)
+        GETs first, so a standby costs one read per attempt and a conflict costs the holder one extra read.
+        """
+        s = self.settings
+        cached = self._lease
+        if cached is not None and self._valid_holder():
+            if await self._write("PUT", self._path, self._body(cached, self._spec(cached.get("spec") or {}))):
+                return True
+            self.stats["slow_path"] += 1  # someone wrote the Lease since (409) or the PUT failed: read it
         try:
             self.stats["lease_reads"] += 1
             lease = await self.client.get(self._path, attempts=1)
@@ -158,28 +189,28 @@ class LeaderElector:
             self.log.debug("Cannot read Lease %s/%s: %s", s.namespace, s.name, exc)
             return False
         if lease is None:
+            self._lease = None
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": s.name, "namespace": s.namespace}, "spec": self._spec(None)}
             return await self._write("POST", self._path.rsplit("/", 1)[0], body)
+        self._lease = lease
         spec = lease.get("spec") or {}
         self._see(spec)
         holder = str(spec.get("holderIdentity") or "")
         duration = float(spec.get("leaseDurationSeconds") or s.lease_duration)
         if holder and holder != self.identity and self._observed_at + duration > self._clock():
             return False  # held, and not expired by what this process has seen
-        meta = lease.get("metadata") or {}
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": s.name, "namespace": s.namespace, "resourceVersion": meta.get("resourceVersion")},
-                "spec": self._spec(spec)}
-        return await self._write("PUT", self._path, body)
+        return await self._write("PUT", self._path, self._body(lease, self._spec(spec)))
 
     async def _write(self, method: str, path: str, body: dict[str, Any]) -> bool:
         try:
             self.stats["lease_writes"] += 1
-            await self.client.request(method, path, body=body, attempts=1)
+            answer = await self.client.request(method, path, body=body, attempts=1)
         except (ApiError, ApiUnavailable) as exc:
             self.log.debug("Cannot write Lease %s/%s: %s", self.settings.namespace, self.settings.name, exc)
             return False
+        # The server's answer carries the new resourceVersion: the next renewal PUTs it without a GET.
+        self._lease = answer if isinstance(answer, Mapping) and answer.get("metadata") else None
         self._see(body["spec"])
         return True
 
@@ -226,22 +257,28 @@ class LeaderElector:
                 await asyncio.sleep(min(s.retry_period, max(0.0, deadline - self._clock())))
 
     async def release(self) -> None:
-        """Give the Lease up if this process holds it (a clean stop): a standby takes over within a retry period."""
+        """Give the Lease up if this process holds it (a clean stop): a standby takes over within a retry period.
+
+        One PUT of the cached Lease (client-go's release); a GET only when that PUT meets a conflict.
+        """
         if not self.leading and self.holder != self.identity:
             return
         self.leading = False
-        s = self.settings
-        try:
-            lease = await self.client.get(self._path, attempts=1)
-        except (ApiError, ApiUnavailable):
-            return
-        spec = (lease or {}).get("spec") or {}
-        if spec.get("holderIdentity") != self.identity:
-            return
-        now = _micro_time()
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": s.name, "namespace": s.namespace,
-                             "resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")},
-                "spec": {**spec, "holderIdentity": "", "leaseDurationSeconds": 1, "acquireTime": now, "renewTime": now}}
-        if await self._write("PUT", self._path, body):
-            self.log.info("Released Lease %s/%s", s.namespace, s.name)
+        lease = self._lease
+        for _ in range(2):
+            if lease is None:
+                try:
+                    self.stats["lease_reads"] += 1
+                    lease = await self.client.get(self._path, attempts=1)
+                except (ApiError, ApiUnavailable):
+                    return
+            spec = (lease or {}).get("spec") or {}
+            if not lease or spec.get("holderIdentity") != self.identity:
+                return
+            now = _micro_time()
+            freed = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1, "acquireTime": now, "renewTime": now}
+            if await self._write("PUT", self._path, self._body(lease, freed)):
+                s = self.settings
+                self.log.info("Released Lease %s/%s", s.namespace, s.name)
+                return
+            lease = None  # a conflict (or a failed PUT): read it once and try again
