@@ -7,6 +7,7 @@ Used by ``run_demo`` when ``make kube`` has built the kubelet and kube-scheduler
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import sys
@@ -94,8 +95,18 @@ async def smoke_node(root: Path, folders: Path, samples: Path, ctd: str, cfg: Pa
         labels="app=hello", timeout=120)
     say(f"smoke: pod default/{pod['metadata']['name']} Running and Ready on {pod['spec']['nodeName']} "
         f"({IMAGE_V1}, never pulled)")
-    # HOOK (issue #59, health): once kube-manifests tracks health, wait here until `reloadd status --json`
-    # reports manifests/hello.yaml Current and print "smoke: manifests/hello.yaml Current".
+    manifest = folders / "manifests" / "hello.yaml"
+
+    async def current() -> bool:  # reloadd's own word: every object of the file Current, read from its watch
+        code, out = await run_command(sys.executable, "-m", "reloadd", "status", "--json", "--config", str(cfg))
+        if code not in (0, 3):
+            return False
+        health = json.loads(out)["consumers"]["manifests"].get("health") or {}
+        pending = [f for f in health.get("files", []) if f["path"] == str(manifest)]
+        return not pending and health.get("objects", {}).get("current", 0) >= 2  # the ConfigMap and Deployment
+
+    await until(current, "manifests/hello.yaml Current")
+    say("smoke: manifests/hello.yaml Current (reloadd status: its ConfigMap and Deployment are Current)")
     code, out = await run_command(*ctr, "images", "pull", "--hosts-dir", str(root / "certs.d"), IMAGE_V2)
     if code != 0:
         raise RuntimeError(f"pull through the mirror failed: {out}")

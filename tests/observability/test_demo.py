@@ -50,6 +50,7 @@ async def test_demo_smoke_imports_mirrors_and_applies(tmp_path: Path) -> None:
         "smoke: docker.io/demo/hello:v1 imported into containerd",
         "smoke: manifests/hello.yaml applied (Deployment default/hello)",
         "Running and Ready on node1 (docker.io/demo/hello:v1, never pulled)",
+        "smoke: manifests/hello.yaml Current",
         "smoke: OK",
     ]
     at = [text.find(line) for line in order]
