@@ -44,6 +44,7 @@ image: deps install
 check: install
 	$(BIN)/ruff check src plugins tests bench examples
 	$(BIN)/mypy src $(foreach p,$(PLUGINS),$(p)src)
+	$(BIN)/python scripts/size_report.py
 
 # `make demo DEMO_ARGS=--smoke` drops the samples itself and checks all three consumers.
 demo: deps install

@@ -247,7 +247,7 @@ def rescan_section(results: list[dict[str, Any]]) -> str:
         "so the cost varies from one rescan to the next with the files whose turn it is). "
         "CPU is `process_time` (all threads). \"Re-observed\" counts paths the rescan wrongly "
         "sent back to the aggregator, so it should be 0. \"Initial sync\" is the start-up pass that "
-        "took in every file (wall time). \"Bare walk\" is `reloadd._scan.scan` alone over the same tree, "
+        "took in every file (wall time). \"Bare walk\" is `reloadd._pipeline._scan.scan` alone over the same tree, "
         "handing its findings over in chunks as a rescan's walk does, compared with nothing. "
         "\"Python floor\" lists each directory from its descriptor and "
         "`lstat`s each name relative to it, keeping nothing: the least any stat walk costs in CPython, so the "

@@ -43,7 +43,7 @@ from reloadd import (
     SourceEvent,
     parse_config,
 )
-from reloadd._scan import scan
+from reloadd._pipeline._scan import scan
 
 from ._proc import percentile, summary
 
@@ -92,8 +92,9 @@ async def _measure(root: Path, state: Path, reps: int, covered: bool = False,
 
 
 def _bare_walk_once(root: Path) -> float:
-    """CPU of the stat walk alone (``reloadd._scan.scan``), the floor under any rescan: handed over in chunks, as a
-    rescan's walk is (nothing compared; one that kept every entry of 100k in one table cost 20-45 ms more)."""
+    """CPU of the stat walk alone (``reloadd._pipeline._scan.scan``), the floor under any rescan: handed over in
+    chunks, as a rescan's walk is (nothing compared; one that kept every entry of 100k in one table cost 20-45 ms
+    more)."""
     c0 = time.process_time()
     scan(str(root), str(root), True, {}, {}, sink=lambda found, listed: None)
     return time.process_time() - c0

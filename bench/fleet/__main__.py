@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from reloadd._control import request
+from reloadd._ops._control import request
 from tests.infra import private_containerd
 from tests.kube.apiserver import KubeCluster
 from tests.kube_manifests._corpus import KUBECTL

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from reloadd import BaseConsumer, Batch, ConsumerContext, Reloader, Result, parse_config
-from reloadd._control import request
-from reloadd._services import services
+from reloadd._ops._control import request
+from reloadd._ops._services import services
 from tests.observability.support import http_get
 
 

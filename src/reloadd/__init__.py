@@ -9,7 +9,6 @@ import importlib as _importlib
 import typing as _typing
 
 from ._backoff import Backoff
-from ._changes import unchanged
 from ._command import CommandError, CommandResult, run_command
 from ._config import Config, ConsumerConfig, load_config, parse_config
 from ._consumer import (
@@ -39,12 +38,13 @@ from ._errors import (
 )
 from ._filters import DEFAULT_IGNORES, PathFilter
 from ._health import FileHealth, HealthReport, Histogram
+from ._ops._pidfile import read_pid_file, signal_pid_file
 from ._options import Options, parse_duration
 from ._outcomes import result_of
-from ._persisted import set_aside
-from ._pidfile import read_pid_file, signal_pid_file
-from ._sources.base import Coverage, Drift, EventKind, Source, SourceContext, SourceEvent, WatchRoot
-from ._state import atomic_write
+from ._pipeline._changes import unchanged
+from ._source import Coverage, Drift, EventKind, Source, SourceContext, SourceEvent, WatchRoot
+from ._state._persisted import set_aside
+from ._state._records import atomic_write
 from ._types import (
     Ack,
     Batch,
@@ -65,19 +65,19 @@ from ._types import (
 from ._watch import Watch, WatchState
 
 if _typing.TYPE_CHECKING:
-    from ._memory import tune_gc, tune_malloc
+    from ._ops._services import Services
+    from ._ops._services import services as ops_services
+    from ._pipeline._memory import tune_gc, tune_malloc
     from ._reloader import Reloader
-    from ._services import Services
-    from ._services import services as ops_services
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "Reloader": ("._reloader", "Reloader"),
-    "Services": ("._services", "Services"),
-    "ops_services": ("._services", "services"),
-    "tune_gc": ("._memory", "tune_gc"),
-    "tune_malloc": ("._memory", "tune_malloc"),  # ctypes: only when called for
+    "Services": ("._ops._services", "Services"),
+    "ops_services": ("._ops._services", "services"),
+    "tune_gc": ("._pipeline._memory", "tune_gc"),
+    "tune_malloc": ("._pipeline._memory", "tune_malloc"),  # ctypes: only when called for
 }
 
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 from ._errors import PlanUnsupportedError
 from ._health import HealthReport
 from ._outcomes import result_of
-from ._sources.base import Source, SourceContext
+from ._source import Source, SourceContext
 from ._types import Batch, Change, DriftMode, PathRecord, Plan, Result
 
 __all__ = [
@@ -165,7 +165,7 @@ class HealthReporting(Protocol):
 class Tunable(Protocol):
     """What an embedder's consumer object may declare instead of a ``[[consumer]]`` table (each optional).
 
-    The core reads each attribute that is present (one place: ``reloadd._building.embedded_config``)
+    The core reads each attribute that is present (one place: ``reloadd._pipeline._building.embedded_config``)
     and falls back to the table's default: ``include``, ``exclude`` (globs), ``recursive``,
     ``ignore_defaults``, ``quiet``, ``max_delay``, ``max_hold`` (seconds or ``"2s"``), ``after``
     (consumer names), ``group`` (globs, lists of globs, or a callable ``Path -> str | None``) and

@@ -11,12 +11,12 @@ import time
 from typing import Any
 
 from ._consumer import Consumer, HealthReporting, Reporting
-from ._drift import DriftBook
-from ._engine import Engine
 from ._health import HealthReport
+from ._pipeline._drift import DriftBook
+from ._pipeline._engine import Engine
+from ._pipeline._writers import writers_of
 from ._snapshot import ConsumerSnapshot, EngineCounters, Snapshot
 from ._watch import Watch
-from ._writers import writers_of
 
 __all__ = ["pipeline_snapshot"]
 

@@ -20,8 +20,13 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._aggregator import Aggregator, Timing
-from ._building import (
+from ._config import Config, ConsumerConfig
+from ._consumer import Consumer, HealthReporting, SourceProvider
+from ._errors import ConfigError, WatchLimitError
+from ._observe import pipeline_snapshot
+from ._order import check_after, group_matcher
+from ._pipeline._aggregator import Aggregator, Timing
+from ._pipeline._building import (
     PrivateDirs,
     RemovalHeld,
     Trigger,
@@ -34,26 +39,21 @@ from ._building import (
     path_filter,
     records_for,
 )
-from ._config import Config, ConsumerConfig
-from ._consumer import Consumer, HealthReporting, SourceProvider
-from ._drift import DriftBook
-from ._engine import Engine, Force, Slot
-from ._errors import ConfigError, WatchLimitError
-from ._memory import give_back
-from ._observe import pipeline_snapshot
-from ._order import check_after, group_matcher
-from ._plugins import SOURCE_GROUP, load
-from ._prune import PruneGuard
-from ._queue import WorkQueue
+from ._pipeline._drift import DriftBook
+from ._pipeline._engine import Engine, Force, Slot
+from ._pipeline._memory import give_back
+from ._pipeline._plugins import SOURCE_GROUP, load
+from ._pipeline._prune import PruneGuard
+from ._pipeline._queue import WorkQueue
+from ._pipeline._supervisor import supervise
 from ._snapshot import Snapshot
-from ._sources.base import EventKind, Source, SourceContext, SourceEvent, WatchRoot
-from ._state import RecordStore, lock_state_dir
-from ._supervisor import supervise
+from ._source import EventKind, Source, SourceContext, SourceEvent, WatchRoot
+from ._state._records import RecordStore, lock_state_dir
 from ._types import DriftMode, Reason
 from ._watch import Watch, WatchState
 
 if TYPE_CHECKING:
-    from ._services import Services
+    from ._ops._services import Services
 
 __all__ = ["Reloader"]
 
@@ -237,7 +237,7 @@ class Reloader:
         self._loop = asyncio.get_running_loop()
         try:
             if self._serve_ops:
-                from ._services import services  # prometheus-client (~5 MiB) only when ops are served
+                from ._ops._services import services  # prometheus-client (~5 MiB) only when ops are served
 
                 await self._ops_stack.enter_async_context(services(self, notify_socket=""))
             elif self.ops is None and (self.config.metrics_listen or self.config.control_socket):
@@ -511,8 +511,8 @@ class Reloader:
             if idle and (stats.handed_over - since >= _TRIM_AFTER or stats.rescans != self._trimmed_rescans
                          if since is not None else self._ready):
                 # The start-up pass, a burst or a rescan is over: give its memory back once it stays over (see
-                # reloadd._memory). After start-up too: what loading the plugins and the records freed stays in
-                # the heap otherwise (the idle daemon: 47.1 MiB without this trim, 45.9 with it). After each
+                # reloadd._pipeline._memory). After start-up too: what loading the plugins and the records freed stays
+                # in the heap otherwise (the idle daemon: 47.1 MiB without this trim, 45.9 with it). After each
                 # rescan: its walk's tables and strings, freed, stayed below the heap's trim threshold (the
                 # daemon with 10,000 watched files: 56.6 MiB a minute in, 54.0 once trimmed; a trim ~0.2 ms).
                 self._trimmed_at, self._trimmed_rescans = stats.handed_over, stats.rescans

@@ -16,15 +16,15 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._building import build_consumer
 from ._config import Config, load_config
 from ._errors import ReloaddError
 from ._logging import configure_logging
-from ._pidfile import remove_pid_file, signal_pid_file, write_pid_file
-from ._plan import plan
+from ._ops._pidfile import remove_pid_file, signal_pid_file, write_pid_file
+from ._ops._services import services
+from ._ops._terminal import confirm_prune, query_status, send_reload
+from ._pipeline._building import build_consumer
+from ._pipeline._plan import plan
 from ._reloader import Reloader
-from ._services import services
-from ._terminal import confirm_prune, query_status, send_reload
 
 __all__ = ["main"]
 
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _reload(cfg)
     if args.command == "status":
         return query_status(cfg, as_json=args.json)
-    from ._memory import tune_gc, tune_malloc
+    from ._pipeline._memory import tune_gc, tune_malloc
 
     tune_malloc()  # this process is the daemon: fewer malloc arenas, large blocks mapped and unmapped whole
     tune_gc()  # and a burst's objects die young, not in the collector's oldest generation

@@ -16,7 +16,7 @@ from reloadd_containerd_images._events import drifted, owners_of
 
 import reloadd
 from reloadd import Fingerprint, PathRecord
-from reloadd._plan import plan
+from reloadd._pipeline._plan import plan
 from tests.infra import Containerd, ImageSpec, Registry, local_registry, push_image, write_oci_archive
 from tests.waiting import until
 

@@ -20,7 +20,7 @@ from reloadd_containerd_images._policy import KEY_LABEL, VIA_LABEL
 
 import reloadd
 from reloadd import Ack, Batch, Change, ChangeKind, Reason, Reject, Retry
-from reloadd._metrics import ReloaderCollector, render
+from reloadd._ops._metrics import ReloaderCollector, render
 from tests.containerd_images._helpers import Harness, dump, sync_gc
 from tests.containerd_images._signing import Key, bundle, make_key, sha256sum_line
 from tests.infra import (

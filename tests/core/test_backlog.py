@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from reloadd import _engine
-from reloadd._aggregator import Aggregator
-from reloadd._scan import Probe
+from reloadd._pipeline import _engine
+from reloadd._pipeline._aggregator import Aggregator
+from reloadd._pipeline._scan import Probe
+from reloadd._source import EventKind, SourceContext, WatchRoot, file_event
 from reloadd._sources import inotify as inotify_source
-from reloadd._sources.base import EventKind, SourceContext, WatchRoot, file_event
 
 pytestmark = pytest.mark.timeout(120)
 

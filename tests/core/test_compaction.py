@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reloadd import Reloader
-from reloadd._state import FlushJob, RecordStore
+from reloadd._state._records import FlushJob, RecordStore
 from reloadd._types import Fingerprint, PathRecord
 
 from ..conftest import config_for

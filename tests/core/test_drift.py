@@ -15,8 +15,8 @@ import pytest
 
 import reloadd
 from reloadd import Ack, BaseConsumer, Batch, Drift, DriftMode, EventKind, Result, SourceContext, SourceEvent
-from reloadd._drift import FIGHT_WINDOW, DriftBook
-from reloadd._terminal import format_status
+from reloadd._ops._terminal import format_status
+from reloadd._pipeline._drift import FIGHT_WINDOW, DriftBook
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,8 @@ from importlib.metadata import EntryPoint, entry_points
 
 import pytest
 
-from reloadd import PluginError, _plugins
+from reloadd import PluginError
+from reloadd._pipeline import _plugins
 from reloadd._sources.inotify import InotifySource
 from reloadd._sources.rescan import RescanSource
 from reloadd._sources.signals import SignalSource

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from reloadd import FileHealth, HealthReport, HealthReporting, Histogram, Reloader
-from reloadd._metrics import ReloaderCollector, build_registry, render
-from reloadd._terminal import format_status
+from reloadd._ops._metrics import ReloaderCollector, build_registry, render
+from reloadd._ops._terminal import format_status
 from tests.waiting import until
 
 from ..conftest import Recorder, config_for

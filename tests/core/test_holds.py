@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reloadd import parse_config
-from reloadd._terminal import format_status
+from reloadd._ops._terminal import format_status
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)

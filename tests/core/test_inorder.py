@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reloadd import Fingerprint, PathRecord
-from reloadd._inorder import MISSES, InOrder
-from reloadd._packed import pack_record, pack_stat, unpack, unpack_stat
+from reloadd._pipeline._inorder import MISSES, InOrder
+from reloadd._state._packed import pack_record, pack_stat, unpack, unpack_stat
 
 
 class Counting(dict[str, bytes]):

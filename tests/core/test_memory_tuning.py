@@ -91,8 +91,9 @@ async def test_memory_is_given_back_once_the_start_up_pass_is_over(tmp_path, sta
     """What loading plugins and records freed is given back when the reloader first falls idle (the idle daemon:
     47.1 MiB without, 45.9 with), not only after a burst of 10,000 paths; and not again until such a burst or a
     rescan (a walk's freed tables stayed below the heap's trim threshold: 10,000 watched files, 56.6 -> 54.0 MiB)."""
-    from reloadd import _item, _reloader
-    from reloadd._sources.base import EventKind, SourceEvent
+    from reloadd import _reloader
+    from reloadd._pipeline import _item
+    from reloadd._source import EventKind, SourceEvent
 
     trims: list[float] = []
     monkeypatch.setattr(_reloader, "give_back", lambda: trims.append(1) or True)
@@ -129,7 +130,7 @@ import asyncio, gc, json, os, sys
 from pathlib import Path
 import reloadd
 from reloadd import BaseConsumer, ConsumerContext, Reloader, parse_config
-from reloadd._sources.base import EventKind, SourceEvent
+from reloadd._source import EventKind, SourceEvent
 root, n = Path(sys.argv[2]), int(sys.argv[3])
 if sys.argv[1] == "tuned":
     old = reloadd.tune_gc()

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from reloadd import ConfigError, Reloader, Retry, _engine, parse_config
-from reloadd._terminal import format_status
+from reloadd import ConfigError, Reloader, Retry, parse_config
+from reloadd._ops._terminal import format_status
+from reloadd._pipeline import _engine
 
 from ..conftest import config_for
 

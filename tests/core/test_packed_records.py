@@ -11,10 +11,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from reloadd import Fingerprint, PathRecord, _item
-from reloadd._inorder import InOrder
-from reloadd._item import path_of
-from reloadd._packed import (
+from reloadd import Fingerprint, PathRecord
+from reloadd._pipeline import _item
+from reloadd._pipeline._inorder import InOrder
+from reloadd._pipeline._item import path_of
+from reloadd._state._packed import (
     digest_of,
     journal_json,
     pack_record,
@@ -23,7 +24,7 @@ from reloadd._packed import (
     unpack,
     unpack_stat,
 )
-from reloadd._state import _VERSION, RecordStore, _snapshot_chunks
+from reloadd._state._records import _VERSION, RecordStore, _snapshot_chunks
 
 _ints = st.integers(min_value=0, max_value=2**63 - 1)
 _times = st.integers(min_value=-(2**63), max_value=2**63 - 1)

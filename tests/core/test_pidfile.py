@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from reloadd import ReloaddError, read_pid_file, signal_pid_file
-from reloadd._pidfile import looks_like, remove_pid_file, write_pid_file
+from reloadd._ops._pidfile import looks_like, remove_pid_file, write_pid_file
 from tests.daemon_config import hook_daemon_config
 
 pytestmark = pytest.mark.timeout(60)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from reloadd import ChangeKind
-from reloadd._terminal import format_status
+from reloadd._ops._terminal import format_status
 from tests.daemon_config import hook_daemon_config
 from tests.faults._daemon import Daemon
 from tests.waiting import until
@@ -244,7 +244,7 @@ def test_an_emptied_root_still_counts_recorded_files_the_consumer_no_longer_take
     """Files left that the filter no longer takes (renamed ``.skip``, say) make the deletion an edit, not a loss;
     the guard sees them from the listing it made, also in a sub-directory, and probes only unlisted places."""
     from reloadd._filters import PathFilter
-    from reloadd._prune import PruneGuard
+    from reloadd._pipeline._prune import PruneGuard
 
     root = tmp_path / "root"
     (root / "sub").mkdir(parents=True)
@@ -266,7 +266,7 @@ def test_an_emptied_root_still_counts_recorded_files_the_consumer_no_longer_take
 def test_a_held_removal_whose_record_is_gone_is_not_loaded_again(tmp_path):
     """A crash after a hold ended (its record's removal durable) but before ``prune.json`` was rewritten."""
     from reloadd._filters import PathFilter
-    from reloadd._prune import PruneGuard
+    from reloadd._pipeline._prune import PruneGuard
 
     root = tmp_path / "root"
     root.mkdir()
@@ -285,9 +285,9 @@ def test_a_held_removal_whose_record_is_gone_is_not_loaded_again(tmp_path):
 def test_a_guard_asked_again_answers_as_a_listing_would_without_listing(tmp_path, monkeypatch):
     """A burst of deletions asks the guard once per settling step: while the file it found last time is still
     there, it is not listed again; whatever happened to that file, the answer is a full listing's."""
-    from reloadd import _prune
     from reloadd._filters import PathFilter
-    from reloadd._prune import PruneGuard
+    from reloadd._pipeline import _prune
+    from reloadd._pipeline._prune import PruneGuard
 
     listings: list[str] = []
     real_scandir = os.scandir

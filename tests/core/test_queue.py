@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from reloadd import Ack, ChangeKind, Reject, Reloader, Retry, _engine
-from reloadd._aggregator import Aggregator
+from reloadd import Ack, ChangeKind, Reject, Reloader, Retry
+from reloadd._pipeline import _engine
+from reloadd._pipeline._aggregator import Aggregator
 
 from ..conftest import config_for
 

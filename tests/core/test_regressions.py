@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reloadd import ChangeKind, PathRecord, Retry
-from reloadd._state import RecordStore
+from reloadd._state._records import RecordStore
 from reloadd._types import Fingerprint
 
 from ..conftest import config_for

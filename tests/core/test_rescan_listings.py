@@ -13,10 +13,10 @@ import os
 import time
 from pathlib import Path
 
-from reloadd._changes import Diff, View, diff
 from reloadd._filters import PathFilter
-from reloadd._packed import pack_record, pack_stat
-from reloadd._scan import Listing, Trust, local_devices, scan
+from reloadd._pipeline._changes import Diff, View, diff
+from reloadd._pipeline._scan import Listing, Trust, local_devices, scan
+from reloadd._state._packed import pack_record, pack_stat
 from reloadd._types import Fingerprint, PathRecord
 
 PAST = time.time() - 3600  # directory times an hour old: a listing of them is kept

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from reloadd._changes import UNSEEN, View, diff
 from reloadd._filters import PathFilter
-from reloadd._packed import pack_record, pack_stat
+from reloadd._pipeline._changes import UNSEEN, View, diff
+from reloadd._state._packed import pack_record, pack_stat
 from reloadd._types import Fingerprint, PathRecord
 
 

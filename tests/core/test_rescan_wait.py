@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from reloadd._metrics import ReloaderCollector, render
-from reloadd._sources.base import EventKind, SourceEvent
+from reloadd._ops._metrics import ReloaderCollector, render
+from reloadd._source import EventKind, SourceEvent
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)

@@ -14,10 +14,10 @@ import pytest
 
 from reloadd import Fingerprint, PathRecord, StateError
 from reloadd._filters import PathFilter
-from reloadd._persisted import PersistHealth
-from reloadd._prune import PruneGuard
-from reloadd._state import RecordStore
-from reloadd._terminal import format_status, status_exit_code
+from reloadd._ops._terminal import format_status, status_exit_code
+from reloadd._pipeline._prune import PruneGuard
+from reloadd._state._persisted import PersistHealth
+from reloadd._state._records import RecordStore
 
 
 class Clock:

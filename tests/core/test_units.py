@@ -10,10 +10,10 @@ import pytest
 
 import reloadd
 from reloadd import ConfigError, Fingerprint, PathFilter, PathRecord, parse_duration
-from reloadd._aggregator import Aggregator, Timing
 from reloadd._config import load_config
-from reloadd._packed import pack_stat
-from reloadd._state import RecordStore, atomic_write
+from reloadd._pipeline._aggregator import Aggregator, Timing
+from reloadd._state._packed import pack_stat
+from reloadd._state._records import RecordStore, atomic_write
 from reloadd._types import Reason
 
 K = ("c", Path("/r/f"))
@@ -249,7 +249,7 @@ def test_a_mass_removal_writes_one_snapshot_not_one_per_halving(tmp_path, monkey
     snapshot before it is compacted, so the removal writes one small snapshot at its end (it wrote a snapshot
     of the remaining records each time the journal outgrew them: 500, 250, 125... of them) and the state
     read back is right at every point."""
-    import reloadd._state
+    import reloadd._state._records
 
     s = RecordStore(tmp_path / "st", compact_after=10)
     s.load()
@@ -257,13 +257,13 @@ def test_a_mass_removal_writes_one_snapshot_not_one_per_halving(tmp_path, monkey
         s.put(Path(f"/f{i}"), PathRecord(FP1))
     s.compact()
     written: list[int] = []
-    real = reloadd._state.RecordStore._compact
+    real = reloadd._state._records.RecordStore._compact
 
     def counted(self, records):  # type: ignore[no-untyped-def]
         written.append(len(records))
         real(self, records)
 
-    monkeypatch.setattr(reloadd._state.RecordStore, "_compact", counted)
+    monkeypatch.setattr(reloadd._state._records.RecordStore, "_compact", counted)
     for start in range(0, 1000, 10):
         for i in range(start, start + 10):
             s.drop(Path(f"/f{i}"))
@@ -322,7 +322,7 @@ async def test_state_dir_is_locked(tmp_path):
 def test_only_local_file_systems_are_taken_on_trust():
     # A watch hears only what is done on this machine: network and FUSE file systems, and an
     # overlay's layers underneath, change without a word. (A fake mountinfo: no NFS mount here.)
-    from reloadd._scan import local_devices
+    from reloadd._pipeline._scan import local_devices
 
     text = "\n".join([
         "22 27 0:21 / /proc rw,relatime - proc proc rw",
@@ -354,7 +354,7 @@ def test_one_backoff_doubles_caps_and_jitters_within_initial() -> None:
 def test_a_digest_is_reused_only_for_the_fingerprint_it_was_read_at(tmp_path):
     import hashlib
 
-    from reloadd._scan import DigestCache
+    from reloadd._pipeline._scan import DigestCache
 
     cache = DigestCache(max_entries=4)
     f = tmp_path / "a"
@@ -373,7 +373,7 @@ def test_a_digest_is_reused_only_for_the_fingerprint_it_was_read_at(tmp_path):
 
 def test_the_fast_constructors_build_what_the_dataclasses_do() -> None:
     from reloadd import Change, ChangeKind, SourceEvent
-    from reloadd._sources.base import EventKind, file_event
+    from reloadd._source import EventKind, file_event
     from reloadd._types import new_change
 
     fp = Fingerprint(1, 2, 3, 4)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from reloadd._changes import View, diff
 from reloadd._filters import PathFilter
-from reloadd._packed import pack_record
-from reloadd._scan import WalkStopped, scan
+from reloadd._pipeline._changes import View, diff
+from reloadd._pipeline._scan import WalkStopped, scan
+from reloadd._state._packed import pack_record
 from reloadd._types import Fingerprint, PathRecord
 
 DIRS = ("a", "b", "c", "d", "e")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import reloadd._scan
+import reloadd._pipeline._scan
 from reloadd import ChangeKind, Reason
 from tests.waiting import until
 
@@ -127,8 +127,8 @@ async def test_a_loss_during_a_walk_stops_it_and_the_new_walk_finds_everything(
     whole tree) the new walk does. Without inotify, only walks see changes here."""
     import threading
 
-    import reloadd._changes
-    from reloadd._sources.base import EventKind, SourceEvent
+    import reloadd._pipeline._changes
+    from reloadd._source import EventKind, SourceEvent
 
     root = tmp_path / "root"
     root.mkdir()
@@ -139,7 +139,7 @@ async def test_a_loss_during_a_walk_stops_it_and_the_new_walk_finds_everything(
     r = await start_reloader(rec, inotify=False, rescan_interval="1h")
     await rec.wait_for(lambda got: set(files) <= {c.path for c in got.changes}, timeout=10)
     entered, release = threading.Event(), threading.Event()
-    real, calls = reloadd._changes.scan, []
+    real, calls = reloadd._pipeline._changes.scan, []
 
     def held_walk(*args, **kwargs):  # the first walk is held at its start until the test has lost events
         calls.append(args[9:] or kwargs.get("start"))
@@ -148,7 +148,7 @@ async def test_a_loss_during_a_walk_stops_it_and_the_new_walk_finds_everything(
             release.wait(10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(reloadd._changes, "scan", held_walk)
+    monkeypatch.setattr(reloadd._pipeline._changes, "scan", held_walk)
     eng = r.engine
     walks = eng.stats.rescans
     eng.emit(SourceEvent(EventKind.RESCAN, None, "inotify", lost_at=time.monotonic()))
@@ -172,9 +172,9 @@ async def test_a_walks_findings_are_handed_over_while_it_still_walks(tmp_path, r
     names until the consumer has what that chunk found, which it gets while the walk is still under way."""
     import threading
 
-    import reloadd._changes
-    import reloadd._scan
-    from reloadd._sources.base import EventKind, SourceEvent
+    import reloadd._pipeline._changes
+    import reloadd._pipeline._scan
+    from reloadd._source import EventKind, SourceEvent
 
     root = tmp_path / "root"
     root.mkdir()
@@ -183,9 +183,9 @@ async def test_a_walks_findings_are_handed_over_while_it_still_walks(tmp_path, r
     files = [root / f"f{i:03d}.conf" for i in range(60)]
     for f in files:
         f.write_text("new")  # no watch: only the walk can find them
-    monkeypatch.setattr(reloadd._scan, "SCAN_CHUNK", 10)
+    monkeypatch.setattr(reloadd._pipeline._scan, "SCAN_CHUNK", 10)
     takes, delivered, ended = [], threading.Event(), threading.Event()
-    real_take, real_scan = reloadd._changes._Compare.take, reloadd._changes.scan
+    real_take, real_scan = reloadd._pipeline._changes._Compare.take, reloadd._pipeline._changes.scan
 
     def take(self, found, listed):  # type: ignore[no-untyped-def]
         real_take(self, found, listed)
@@ -199,8 +199,8 @@ async def test_a_walks_findings_are_handed_over_while_it_still_walks(tmp_path, r
         finally:
             ended.set()
 
-    monkeypatch.setattr(reloadd._changes._Compare, "take", take)
-    monkeypatch.setattr(reloadd._changes, "scan", scan)
+    monkeypatch.setattr(reloadd._pipeline._changes._Compare, "take", take)
+    monkeypatch.setattr(reloadd._pipeline._changes, "scan", scan)
     r.engine.emit(SourceEvent(EventKind.RESCAN, None, "rescan"))
     await rec.wait_for(lambda got: any(c.path in files for c in got.changes), timeout=8)
     assert not ended.is_set()  # handed over while the walk was held part-way
@@ -401,7 +401,7 @@ async def test_the_first_periodic_rescan_lists_no_directory_unchanged_since_star
             listed.append(os.readlink(f"/proc/self/fd/{fd}"))
         return scandir(fd)
 
-    monkeypatch.setattr(reloadd._scan.os, "scandir", listing)
+    monkeypatch.setattr(reloadd._pipeline._scan.os, "scandir", listing)
     await r.engine.reconcile(None, Reason.RESCAN, periodic=True)
     assert r.engine.stats.covered_rescans == 1
     assert listed == []
@@ -463,7 +463,7 @@ async def test_file_events_of_one_read_are_folded_per_path(tmp_path):
 
     from asyncinotify import Mask
 
-    from reloadd._sources.base import EventKind, SourceContext, WatchRoot
+    from reloadd._source import EventKind, SourceContext, WatchRoot
     from reloadd._sources.inotify import InotifySource
 
     got: list[tuple[EventKind, object]] = []
@@ -498,7 +498,7 @@ async def test_consecutive_events_of_one_name_are_one_path_only_in_one_directory
 
     from asyncinotify import Mask
 
-    from reloadd._sources.base import EventKind, SourceContext, WatchRoot
+    from reloadd._source import EventKind, SourceContext, WatchRoot
     from reloadd._sources.inotify import InotifySource
 
     got: list[tuple[EventKind, object, int]] = []

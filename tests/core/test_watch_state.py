@@ -6,9 +6,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from reloadd import Reloader, Watch, WatchState
-from reloadd._http import Health, LoopMonitor
-from reloadd._metrics import build_registry
-from reloadd._services import status_line
+from reloadd._ops._http import Health, LoopMonitor
+from reloadd._ops._metrics import build_registry
+from reloadd._ops._services import status_line
 
 from ..conftest import config_for
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from reloadd import Fingerprint
-from reloadd._state import RecordStore
+from reloadd._state._records import RecordStore
 from tests.daemon_config import hook_daemon_config
 from tests.faults._daemon import Daemon
 from tests.waiting import until

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reloadd._control import request
+from reloadd._ops._control import request
 
 
 class Daemon:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reloadd import ChangeKind
-from reloadd._persisted import RETRY
+from reloadd._state._persisted import RETRY
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -118,7 +118,7 @@ async def test_state_dir_on_a_full_disk(tmp_path, recorder_cls, start_reloader, 
         (root / "third.conf").write_text("3")
         await rec.wait_path(root / "third.conf")
         await r.wait_idle(10)
-        # Writes that failed are retried after a backoff (0.5 s doubling to 15 s, reloadd._persisted.RETRY),
+        # Writes that failed are retried after a backoff (0.5 s doubling to 15 s, reloadd._state._persisted.RETRY),
         # not at once: the catch-up lands within one backoff of the disk being freed.
         deadline = time.monotonic() + RETRY.maximum + 5
         while True:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from reloadd._control import request
+from reloadd._ops._control import request
 from tests.kube.apiserver import KubeCluster
 from tests.waiting import until
 

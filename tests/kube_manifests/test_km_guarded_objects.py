@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import reloadd
-from reloadd._plan import plan
-from reloadd._terminal import format_status
+from reloadd._ops._terminal import format_status
+from reloadd._pipeline._plan import plan
 from tests.waiting import until
 
 from ._corpus import Kubectl

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 import reloadd
-from reloadd._metrics import ReloaderCollector, render
-from reloadd._terminal import format_status
+from reloadd._ops._metrics import ReloaderCollector, render
+from reloadd._ops._terminal import format_status
 from tests.kube.apiserver import KubeCluster
 from tests.planning import run_text_plan
 from tests.waiting import until

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import reloadd
-from reloadd._terminal import format_status
+from reloadd._ops._terminal import format_status
 from tests.infra import CRASH, SERVE, busybox_image, write_oci_archive
 from tests.kube.node import KubeNode
 from tests.waiting import until

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from reloadd import ConfigError, ReloaddError, Reloader, parse_config
-from reloadd._control import ControlServer, redact, request
-from reloadd._services import services
+from reloadd._ops._control import ControlServer, redact, request
+from reloadd._ops._services import services
 
 from .support import short_dir
 

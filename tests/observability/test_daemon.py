@@ -204,7 +204,7 @@ async def test_sd_notify_ready_watchdog_and_stopping(sdir: Path) -> None:
 
 
 async def test_sd_notify_abstract_socket() -> None:
-    from reloadd._sdnotify import Notifier, watchdog_interval
+    from reloadd._ops._sdnotify import Notifier, watchdog_interval
 
     name = f"reloadd-test-{os.getpid()}"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

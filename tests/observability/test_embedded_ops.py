@@ -13,7 +13,7 @@ import pytest
 
 import reloadd
 from reloadd import Reloader, parse_config
-from reloadd._control import request
+from reloadd._ops._control import request
 
 from .support import short_dir
 

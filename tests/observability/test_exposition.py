@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from reloadd._metrics import Family, negotiate, process_families, render
+from reloadd._ops._metrics import Family, negotiate, process_families, render
 
 _values = st.floats(allow_nan=True, allow_infinity=True, width=64) | st.integers(0, 2**53)
 _label = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
@@ -87,7 +87,7 @@ def test_the_daemon_loads_neither_aiohttp_nor_prometheus_client() -> None:
     with aiohttp and prometheus_client, on every node)."""
     code = (
         "import sys, importlib.metadata as m\n"
-        "import reloadd.cli, reloadd._services, reloadd._webserver, reloadd._reloader\n"
+        "import reloadd.cli, reloadd._ops._services, reloadd._ops._webserver, reloadd._reloader\n"
         "for ep in m.entry_points(group='reloadd.consumers'):\n"
         "    ep.load()\n"
         "import reloadd_kube_manifests._client, reloadd_kube_manifests._watch, reloadd_kube_manifests._lease\n"

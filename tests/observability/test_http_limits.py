@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from reloadd._webserver import _BACKLOG, HEAD_TIMEOUT, MAX_CONNECTIONS
+from reloadd._ops._webserver import _BACKLOG, HEAD_TIMEOUT, MAX_CONNECTIONS
 from tests.daemon_config import write_config
 from tests.reliability import Reliability
 from tests.waiting import until
@@ -203,8 +203,8 @@ async def test_half_open_flood_starves_neither_health_nor_consumers(sdir: Path, 
     ],
 )
 async def test_only_http1_origin_form_small_requests(request_head: bytes, status: bytes) -> None:
-    from reloadd._http import Response
-    from reloadd._webserver import start_http
+    from reloadd._ops._http import Response
+    from reloadd._ops._webserver import start_http
 
     async def handler(path: str, headers: dict[str, str]) -> Response:
         return Response(200, b"ok\n")
@@ -223,8 +223,8 @@ async def test_only_http1_origin_form_small_requests(request_head: bytes, status
 
 
 async def test_idle_and_trickling_connections_are_dropped_and_slots_reclaimed() -> None:
-    from reloadd._http import Response
-    from reloadd._webserver import start_http
+    from reloadd._ops._http import Response
+    from reloadd._ops._webserver import start_http
 
     async def handler(path: str, headers: dict[str, str]) -> Response:
         return Response(200, b"ok\n")
@@ -269,8 +269,8 @@ async def test_idle_and_trickling_connections_are_dropped_and_slots_reclaimed() 
 
 async def test_a_client_that_shuts_down_its_side_still_gets_the_answer() -> None:
     """``printf 'GET /healthz ...' | nc -N host port`` half-closes after the request; the answer must come."""
-    from reloadd._http import Response
-    from reloadd._webserver import start_http
+    from reloadd._ops._http import Response
+    from reloadd._ops._webserver import start_http
 
     async def handler(path: str, headers: dict[str, str]) -> Response:
         await asyncio.sleep(0.05)  # the answer is made after the client's EOF has arrived

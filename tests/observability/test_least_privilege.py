@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from reloadd import Reloader, load_config
-from reloadd._services import services
+from reloadd._ops._services import services
 from tests.daemon_config import write_config
 from tests.infra import ImageSpec, private_containerd, write_oci_archive
 from tests.kube.apiserver import KubeCluster

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-import reloadd._http
+import reloadd._ops._http
 from reloadd import BaseConsumer, Batch, ConfigError, ConsumerContext, Reject, Reloader, Result, load_config
-from reloadd._http import parse_listen
-from reloadd._services import Services, services
+from reloadd._ops._http import parse_listen
+from reloadd._ops._services import Services, services
 from tests.daemon_config import write_config
 from tests.waiting import until
 
@@ -274,8 +274,8 @@ async def test_healthz_fails_on_a_stalled_loop_and_a_dead_engine(
     r, _, base = running
     status, _, body = await http_get(base + "/healthz")
     assert status == 200, body
-    monkeypatch.setattr(reloadd._http, "MAX_LOOP_LAG", 0.3)
-    time.sleep(reloadd._http.LOOP_TICK + 1.0)  # a tick falls due in it, and is run over a second late
+    monkeypatch.setattr(reloadd._ops._http, "MAX_LOOP_LAG", 0.3)
+    time.sleep(reloadd._ops._http.LOOP_TICK + 1.0)  # a tick falls due in it, and is run over a second late
     status, _, body = await http_get(base + "/healthz")
     assert status == 503 and b"event loop woke" in body
     lag = sample(await scrape(base), "reloadd_event_loop_lag_seconds")

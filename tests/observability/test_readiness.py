@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from reloadd import Reloader, load_config
-from reloadd._control import request
-from reloadd._services import services
+from reloadd._ops._control import request
+from reloadd._ops._services import services
 from tests.daemon_config import write_config
 from tests.waiting import until
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from reloadd._plan import plan
+from reloadd._pipeline._plan import plan
 from tests.waiting import until
 
 from .conftest import mirror_conf

@@ -1,5 +1,5 @@
 """Change sources: inotify, the periodic rescan and signals, each behind :class:`Source`."""
 
-from .base import Coverage, EventKind, Source, SourceContext, SourceEvent, WatchRoot
+from .._source import Coverage, EventKind, Source, SourceContext, SourceEvent, WatchRoot
 
 __all__ = ["Coverage", "EventKind", "Source", "SourceContext", "SourceEvent", "WatchRoot"]

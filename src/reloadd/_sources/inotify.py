@@ -42,7 +42,7 @@ from asyncinotify import Inotify, Mask, Watch
 
 from .._errors import WatchError, WatchLimitError
 from .._filters import is_kubelet_internal, under
-from .base import EventKind, SourceContext, SourceEvent, WatchRoot, file_event
+from .._source import EventKind, SourceContext, SourceEvent, WatchRoot, file_event
 
 __all__ = ["InotifySource"]
 

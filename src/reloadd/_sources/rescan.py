@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from .base import EventKind, SourceContext, SourceEvent
+from .._source import EventKind, SourceContext, SourceEvent
 
 __all__ = ["RescanSource"]
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from .base import EventKind, SourceContext, SourceEvent
+from .._source import EventKind, SourceContext, SourceEvent
 
 __all__ = ["SignalSource"]
 

@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .._types import Fingerprint, Reason
 from ._changes import UNSEEN, steady
-from ._types import Fingerprint, Reason
 
 __all__ = ["Aggregator", "Key", "Pending", "Timing"]
 

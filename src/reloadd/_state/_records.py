@@ -11,7 +11,7 @@ the middle of a burst unless the journal reached twice that (:meth:`RecordStore.
 snapshot names the journal generation it is followed by, so an old journal is never
 replayed over a newer snapshot.
 
-A file that cannot be read is set aside (see :mod:`reloadd._persisted`): a snapshot (and the journals that
+A file that cannot be read is set aside (see :mod:`reloadd._state._persisted`): a snapshot (and the journals that
 follow it), and the consumer starts from no records, handing every file over again once; a journal with
 damaged lines (whole lines: a torn last line is a crash's ordinary mark, cut silently) is moved aside after
 its good lines are read, and a snapshot of what was read is written at the next flush.
@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._errors import StateError
+from .._errors import StateError
+from .._types import Fingerprint, JSONValue, PathRecord
 from ._packed import (
     RecordView,
     dumps,
@@ -47,7 +48,6 @@ from ._packed import (
     unpack,
 )
 from ._persisted import PersistHealth, set_aside
-from ._types import Fingerprint, JSONValue, PathRecord
 
 __all__ = ["FlushJob", "RecordStore", "atomic_write", "lock_state_dir"]
 
@@ -143,7 +143,7 @@ class RecordStore(Mapping[Path, PathRecord]):
         self._force_compact = False  # what was loaded is not all on disk as it is: snapshot it at the next flush
         self._snapshot = directory / "records.json" if directory is not None else Path()
         self._gen = 0
-        self._records: dict[str, bytes] = {}  # packed (see reloadd._packed): one untracked bytes a path
+        self._records: dict[str, bytes] = {}  # packed (see reloadd._state._packed): one untracked bytes a path
         self.keys_version = 0  # moves whenever a path is added or dropped (not when a record is replaced)
         self._peak = 0  # the most paths held since the table was last rebuilt
         self._view = RecordView(self._records)

@@ -3,10 +3,10 @@
 One entry point, :func:`services`, starts whatever the configuration enables:
 
 * ``[reloadd] metrics_listen = "127.0.0.1:9464"``: ``/metrics``, ``/healthz``, ``/readyz``
-  (see :mod:`reloadd._http` for what healthy and ready mean, :mod:`reloadd._webserver`
+  (see :mod:`reloadd._ops._http` for what healthy and ready mean, :mod:`reloadd._ops._webserver`
   for the connection limits);
 * ``[reloadd] control_socket = "/run/reloadd/control.sock"``: ``reloadd status`` and
-  ``reloadd reload`` (see :mod:`reloadd._control`);
+  ``reloadd reload`` (see :mod:`reloadd._ops._control`);
 * ``$NOTIFY_SOCKET`` in the environment (systemd ``Type=notify``): ``READY=1`` once the
   initial pass is done, ``WATCHDOG=1`` every ``WatchdogSec/2`` when ``$WATCHDOG_USEC`` is
   set, ``STATUS=`` lines, and ``STOPPING=1`` as soon as the reloader is asked to stop.
@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._snapshot import Pipeline
 from ._control import ControlServer
 from ._http import Health, LoopMonitor, endpoints
 from ._metrics import ReloaderCollector, build_registry, process_families, render
 from ._sdnotify import Notifier, watchdog_interval
-from ._snapshot import Pipeline
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

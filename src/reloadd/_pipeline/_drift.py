@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._backoff import Backoff
-from ._sources.base import Drift
-from ._types import DriftMode
+from .._backoff import Backoff
+from .._source import Drift
+from .._types import DriftMode
 
 __all__ = ["FIGHT_WINDOW", "QUIET", "DriftBook", "Drifted"]
 

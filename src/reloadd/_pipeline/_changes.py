@@ -12,7 +12,7 @@ Every "is this different from what the consumer acknowledged?" in reloadd is ans
 - :func:`unchanged` (public as ``reloadd.unchanged``) — a plugin's "applied already, as it is?".
 
 Pure functions over records and fingerprints, except :func:`diff` and :func:`digest_all`,
-which read the file system through :mod:`reloadd._scan` (blocking: run them in a thread).
+which read the file system through :mod:`reloadd._pipeline._scan` (blocking: run them in a thread).
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from ._filters import PathFilter, under
+from .._filters import PathFilter, under
+from .._state._packed import digest_of, pack_record, pack_stat, stat_of
+from .._types import Change, ChangeKind, Fingerprint, PathRecord
 from ._inorder import InOrder
 from ._item import Item
-from ._packed import digest_of, pack_record, pack_stat, stat_of
 from ._prune import PruneGuard, RootId
 from ._scan import (
     DigestCache,
@@ -43,7 +44,6 @@ from ._scan import (
     probe_read,
     scan,
 )
-from ._types import Change, ChangeKind, Fingerprint, PathRecord
 
 __all__ = ["CHANGED", "UNREADABLE", "UNSEEN", "Diff", "Needed", "Recorded", "View", "change_kind", "diff",
            "digest_all", "needed", "needed_packed", "probe_all", "repeats", "steady", "unchanged"]
@@ -99,7 +99,8 @@ def needed(rec: PathRecord | None, fingerprint: Fingerprint | None, digest: str 
 
 def needed_packed(raw: bytes | None, fingerprint: Fingerprint | None, digest: str | None, *,
                   forced: bool = False) -> Needed:
-    """The queue's de-duplication rule, on a packed record (:mod:`reloadd._packed`), read without unpacking it."""
+    """The queue's de-duplication rule, on a packed record (:mod:`reloadd._state._packed`), read without unpacking
+    it."""
     if forced:
         return _YES
     if raw is None:
@@ -149,7 +150,7 @@ def digest_all(
 def probe_all(jobs: list[tuple[tuple[str, str], Path]], reads: list[bool], limit: int
               ) -> tuple[list[Probe], dict[tuple[str, Fingerprint], str | None]]:
     """Probe each ``(key, root)`` of a settling step; those ``reads`` marks, when a regular file of at most
-    ``limit`` bytes, are read at once (:func:`reloadd._scan.probe_read`): their digests, by path and the
+    ``limit`` bytes, are read at once (:func:`reloadd._pipeline._scan.probe_read`): their digests, by path and the
     fingerprint they were read at (the rest are read by :func:`digest_all`, if handed over). Blocking."""
     probes: list[Probe] = []
     known: dict[tuple[str, Fingerprint], str | None] = {}  # typed as digest_all's answers: the step's table
@@ -212,7 +213,7 @@ class Resume:
     Attributes:
         jobs: The walk's jobs in the order the next walk takes them: the one stopped first, those not
             begun, then those done (walked again: events may have been lost there meanwhile).
-        start: The stopped job's directories as :func:`~reloadd._scan.scan` takes them (``start``): those
+        start: The stopped job's directories as :func:`~reloadd._pipeline._scan.scan` takes them (``start``): those
             left first, then those it had walked.
     """
 
@@ -261,7 +262,7 @@ def diff(
     they were acknowledged are found by counting: when every path recorded (under the
     scope) before the walk was met on it, none is gone; otherwise (rare: a delete
     inotify did not report, or one still being handled) the tree is listed once more to
-    name them (the types of its entries: no file stat-ed, :func:`~reloadd._scan.present`).
+    name them (the types of its entries: no file stat-ed, :func:`~reloadd._pipeline._scan.present`).
 
     With ``stop``, the walk ends at its next directory (or chunk of a big one) once the event is set:
     the result holds what it met (``Diff.stopped``) and where it stopped (``Diff.resume``). With

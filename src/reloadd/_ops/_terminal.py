@@ -1,7 +1,7 @@
 """The terminal side of ``reloadd status`` and ``reloadd reload``: ask the daemon, print what it says.
 
 Only the CLI uses this module (it prints, and returns exit codes); the protocol and the server are
-in :mod:`reloadd._control`.
+in :mod:`reloadd._ops._control`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ._config import Config
+from .._config import Config
+from .._errors import ReloaddError
 from ._control import request
-from ._errors import ReloaddError
 
 __all__ = ["confirm_prune", "format_status", "query_status", "send_reload", "status_exit_code"]
 

@@ -1,4 +1,4 @@
-"""A consumer's held removals as its work queue keeps them (see :mod:`reloadd._prune` for the rule).
+"""A consumer's held removals as its work queue keeps them (see :mod:`reloadd._pipeline._prune` for the rule).
 
 A removal the engine judged held, or one the consumer answered :class:`~reloadd.Hold` for, waits here,
 outside the queue's work: it holds back no other path and no consumer ordered ``after`` this one, and
@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .._consumer import Consumer, PruneAware
+from .._types import PathRecord
 from ._changes import repeats
-from ._consumer import Consumer, PruneAware
 from ._item import Item
 from ._prune import PruneGuard
-from ._types import PathRecord
 
 __all__ = ["HeldRemovals"]
 

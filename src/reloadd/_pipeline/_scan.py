@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, TypeAlias
 
-from ._filters import under
-from ._packed import pack_stat, unpack_stat
-from ._types import Fingerprint
+from .._filters import under
+from .._state._packed import pack_stat, unpack_stat
+from .._types import Fingerprint
 
 __all__ = ["DigestCache", "Found", "Listing", "Probe", "Trust", "local_devices", "present", "probe", "probe_read",
            "scan", "walk"]
@@ -30,9 +30,9 @@ SCAN_CHUNK = 4096
 _NOT_REGULAR = "not a regular file (FIFO, socket or device); ignored"
 
 Found: TypeAlias = dict[str, bytes]
-"""What a :func:`scan` stat-ed: path -> fingerprint packed (:func:`reloadd._packed.pack_stat`: 80 bytes of memory
+"""What a :func:`scan` stat-ed: path -> fingerprint packed (:func:`reloadd._state._packed.pack_stat`: 80 bytes of memory
 a path against ~200 for a tuple and its integers; compared in place with the records,
-:class:`reloadd._inorder.InOrder`)."""
+:class:`reloadd._pipeline._inorder.InOrder`)."""
 
 # File systems on which a live inotify watch on a directory sees every change made on this
 # machine through it. Not network or FUSE file systems (changes made elsewhere are never

@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._config import ConsumerConfig
-from ._consumer import Consumer, ConsumerContext
-from ._errors import ConfigError, PluginError
-from ._filters import PathFilter
+from .._config import ConsumerConfig
+from .._consumer import Consumer, ConsumerContext
+from .._errors import ConfigError, PluginError
+from .._filters import PathFilter
+from .._state._records import RecordStore
+from .._types import DriftMode, PathRecord
 from ._plugins import CONSUMER_GROUP, load
-from ._state import RecordStore
-from ._types import DriftMode, PathRecord
 
 __all__ = [
     "PrivateDirs", "RemovalHeld", "Trigger", "bind", "build_consumer", "embedded_config", "owner_test", "path_filter",

@@ -17,19 +17,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ._backoff import Backoff
+from .._backoff import Backoff
+from .._consumer import Consumer, PruneAware
+from .._errors import ConsumerError, StateError
+from .._filters import PathFilter
+from .._outcomes import result_of
+from .._state._packed import data_json_of, data_of, dumps, unpack
+from .._state._records import RecordStore
+from .._types import Ack, Batch, Change, ChangeKind, Hold, Reason, Reject, Result, Retry, new_change
 from ._changes import Needed, change_kind, needed_packed, repeats
-from ._consumer import Consumer, PruneAware
 from ._drift import DriftBook
-from ._errors import ConsumerError, StateError
-from ._filters import PathFilter
 from ._holds import HeldRemovals
 from ._item import Item, path_of
-from ._outcomes import result_of
-from ._packed import data_json_of, data_of, dumps, unpack
 from ._prune import PruneGuard
-from ._state import RecordStore
-from ._types import Ack, Batch, Change, ChangeKind, Hold, Reason, Reject, Result, Retry, new_change
 
 __all__ = ["Item", "QueueCounts", "QueueStats", "WorkQueue"]
 

@@ -28,7 +28,7 @@ import signal
 import stat
 from pathlib import Path
 
-from ._errors import ReloaddError
+from .._errors import ReloaddError
 
 __all__ = ["looks_like", "pid_problem", "read_pid_file", "remove_pid_file", "signal_pid_file", "write_pid_file"]
 

@@ -14,7 +14,7 @@ A consumer can hold a removal itself with the :class:`~reloadd.Hold` result (``k
 ``max_prune``); it lands in the same table. Holds and the roots' identities are persisted beside the
 records (``prune.json``), so a restart with the volume still gone deletes nothing either, and a root
 replaced while reloadd was stopped is still recognised. A ``prune.json`` that cannot be read is set aside
-(see :mod:`reloadd._persisted`) and the guard distrusts: *every* removal of the consumer is held until a
+(see :mod:`reloadd._state._persisted`) and the guard distrusts: *every* removal of the consumer is held until a
 person confirms (the holds it listed are unknown, so none may run unasked); the distrust is persisted too.
 
 Only directory roots are judged: a configured *file* root that is deleted is an ordinary delete of
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._errors import StateError
-from ._filters import PathFilter
-from ._persisted import PersistHealth, set_aside
-from ._state import atomic_write
+from .._errors import StateError
+from .._filters import PathFilter
+from .._state._persisted import PersistHealth, set_aside
+from .._state._records import atomic_write
 
 __all__ = ["HeldRemoval", "PruneGuard", "RootId"]
 

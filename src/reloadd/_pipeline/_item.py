@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path, PosixPath
 
-from ._types import Fingerprint, Reason
+from .._types import Fingerprint, Reason
 
 __all__ = ["Item", "forget_parts", "path_of"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from ._packed import HAS_FP
+from .._state._packed import HAS_FP
 
 __all__ = ["AHEAD", "MISSES", "InOrder"]
 
@@ -50,8 +50,9 @@ class InOrder:
         self._pair = self._next()  # the cursor: the next record in order (None: none, or given up)
 
     def mismatches(self, found: Mapping[str, bytes]) -> tuple[int, list[str]]:
-        """How many paths of ``found`` (path -> :func:`~reloadd._packed.pack_stat`) have a record, and those whose
-        record does not hold the stat found (none, one without a fingerprint, another one), in ``found``'s order."""
+        """How many paths of ``found`` (path -> :func:`~reloadd._state._packed.pack_stat`) have a record, and those
+        whose record does not hold the stat found (none, one without a fingerprint, another one), in ``found``'s
+        order."""
         differing: list[str] = []
         recorded = 0
         get, ahead, it, pair, run = self._records.get, self._ahead, self._it, self._pair, self._run

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import tenacity
 
-from ._backoff import Backoff
-from ._errors import WatchLimitError
+from .._backoff import Backoff
+from .._errors import WatchLimitError
 
 __all__ = ["Runnable", "supervise"]
 

@@ -24,7 +24,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from ._types import Fingerprint, JSONValue, PathRecord
+from .._types import Fingerprint, JSONValue, PathRecord
 
 __all__ = ["HAS_FP", "RecordView", "data_json_of", "data_of", "digest_of", "dumps", "error_of", "fields_json",
            "from_json", "has_error", "journal_json", "members_json", "pack", "pack_json", "pack_record", "pack_stat",
@@ -104,7 +104,8 @@ def pack_json(fingerprint: tuple[int, int, int, int] | None, digest: str | None,
 
 pack_stat: Callable[..., bytes] = _FP.pack
 """``pack_stat(*fingerprint)``: a fingerprint as 32 bytes (81 bytes of memory, against ~180 for the tuple and
-its four integers), for what a walk saw of a path until a probe compares it (:func:`reloadd._changes.steady`)."""
+its four integers), for what a walk saw of a path until a probe compares it
+(:func:`reloadd._pipeline._changes.steady`)."""
 
 
 unpack_stat: Callable[[bytes], tuple[int, int, int, int]] = _FP.unpack

@@ -1,8 +1,8 @@
 """``reloadd plan``: what every consumer's next pass would change, changing nothing.
 
 The pending changes come from the engine's own rules: the start-up walk compared with
-each consumer's acknowledged fingerprints (:func:`reloadd._changes.diff`), then the
-queue's de-duplication (:func:`reloadd._changes.needed`, content digests included). The
+each consumer's acknowledged fingerprints (:func:`reloadd._pipeline._changes.diff`), then the
+queue's de-duplication (:func:`reloadd._pipeline._changes.needed`, content digests included). The
 records are read without the state lock and without writing anything, so a running
 daemon is neither blocked nor disturbed; what it does meanwhile may make the plan stale.
 Each consumer then says what handling that batch would change (:class:`~reloadd.Planner`).
@@ -17,16 +17,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._config import Config, ConsumerConfig
+from .._consumer import Consumer, DriftPlanner, Planner
+from .._errors import PlanUnsupportedError, ReloaddError
+from .._filters import PathFilter
+from .._state._records import RecordStore
+from .._types import Batch, Change, ChangeKind, DriftMode, JSONValue, PlannedChange, Reason
 from ._building import build_consumer, owner_test, path_filter
 from ._changes import Needed, View, change_kind, diff, needed
-from ._config import Config, ConsumerConfig
-from ._consumer import Consumer, DriftPlanner, Planner
-from ._errors import PlanUnsupportedError, ReloaddError
-from ._filters import PathFilter
 from ._prune import PruneGuard
 from ._scan import DigestCache, probe
-from ._state import RecordStore
-from ._types import Batch, Change, ChangeKind, DriftMode, JSONValue, PlannedChange, Reason
 
 __all__ = ["ConsumerPlan", "PlanReport", "pending_changes", "plan"]
 

@@ -1,4 +1,4 @@
-"""What ``/metrics``, ``/healthz`` and ``/readyz`` answer (served by :mod:`reloadd._webserver`).
+"""What ``/metrics``, ``/healthz`` and ``/readyz`` answer (served by :mod:`reloadd._ops._webserver`).
 
 Everything runs on the reloader's own event loop, so a wedged loop shows up as a probe
 timeout, which is exactly what a liveness probe is for.
@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ConfigError
+from .._errors import ConfigError
+from .._snapshot import Pipeline
+from .._watch import WatchState
 from ._metrics import negotiate
-from ._snapshot import Pipeline
-from ._watch import WatchState
 
 __all__ = ["LOOP_TICK", "MAX_LOOP_LAG", "Handler", "Health", "LoopMonitor", "Response", "endpoints", "parse_listen"]
 

@@ -55,8 +55,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._snapshot import EngineCounters, Pipeline, Snapshot
-from ._watch import WatchState
+from .._snapshot import EngineCounters, Pipeline, Snapshot
+from .._watch import WatchState
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._backoff import Backoff
-from ._errors import StateError
+from .._backoff import Backoff
+from .._errors import StateError
 
 __all__ = ["PersistHealth", "SetAside", "set_aside"]
 

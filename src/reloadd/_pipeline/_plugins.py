@@ -6,8 +6,8 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._errors import PluginError
-from ._suggest import did_you_mean
+from .._errors import PluginError
+from .._suggest import did_you_mean
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from ._errors import ReloaddError
+from .._errors import ReloaddError
 from ._http import Handler, Response, parse_listen
 
 __all__ = [

@@ -26,17 +26,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._consumer import BaseConsumer, Consumer
+from .._filters import PathFilter, under
+from .._source import Coverage, EventKind, SourceEvent
+from .._state._records import RecordStore
+from .._types import Fingerprint, Reason
 from ._aggregator import Aggregator, Key, Pending
 from ._changes import CHANGED, UNREADABLE, Diff, Recorded, Resume, View, diff, digest_all, probe_all, steady
-from ._consumer import BaseConsumer, Consumer
 from ._drift import DriftBook
-from ._filters import PathFilter, under
 from ._item import forget_parts, path_of
 from ._queue import Item, WorkQueue
 from ._scan import DigestCache, Listing
-from ._sources.base import Coverage, EventKind, SourceEvent
-from ._state import RecordStore
-from ._types import Fingerprint, Reason
 from ._writers import writers_of
 
 __all__ = ["Engine", "EngineStats", "Force", "Slot"]
@@ -136,7 +136,7 @@ class Force:
     The one name for it inside the core: SIGHUP (the signal source's ``RESYNC``), ``reloadd reload``,
     ``Reloader.trigger()``, a consumer's ``ctx.trigger`` and a drift correction all become one.
     ``reason`` says who asked (``SIGNAL``: an operator; ``TRIGGER``: the consumer itself; ``DRIFT``:
-    a far-side source, see :class:`~reloadd._drift.DriftBook`).
+    a far-side source, see :class:`~reloadd._pipeline._drift.DriftBook`).
     """
 
     consumer: str | None = None
@@ -625,7 +625,7 @@ class Engine:
         directory when events are lost again meanwhile (:meth:`emit`), for up to :data:`_STOP_FOR`
         seconds of walks stopped in a row: what it met is observed, nothing is judged gone, and the
         new loss's walk starts at once instead of after it. That walk goes on where the stopped one
-        was and then walks again what it had walked (:class:`~reloadd._changes.Resume`): a storm of
+        was and then walks again what it had walked (:class:`~reloadd._pipeline._changes.Resume`): a storm of
         losses costs no walk begun again from the top, and each walk still meets the whole tree.
         """
         slots = [self.slots[only]] if only else list(self.slots.values())
@@ -936,7 +936,7 @@ class Engine:
     async def _judge_removals(
         self, released: list[tuple[Key, Path, Fingerprint | None, bool, Reason]]
     ) -> dict[Key, str]:
-        """Deletions whose input looks lost (see :mod:`reloadd._prune`): held instead of handed over."""
+        """Deletions whose input looks lost (see :mod:`reloadd._pipeline._prune`): held instead of handed over."""
         gone: dict[str, list[str]] = {}
         slots = self.slots
         for key, _, fp, _, _ in released:

@@ -1,6 +1,6 @@
 """The control socket: the server a running daemon answers ``reloadd status`` and ``reloadd reload`` on.
 
-The terminal side (asking, printing, exit codes) is :mod:`reloadd._terminal`, used by the CLI only.
+The terminal side (asking, printing, exit codes) is :mod:`reloadd._ops._terminal`, used by the CLI only.
 
 A unix stream socket at ``[reloadd] control_socket``, mode 0600 from the moment it
 exists (the mode is set on the socket before ``bind``), so only its owner (root, for a
@@ -34,10 +34,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ConfigError, ReloaddError
+from .._errors import ConfigError, ReloaddError
 
 if TYPE_CHECKING:
-    from ._snapshot import Pipeline
+    from .._snapshot import Pipeline
 
 __all__ = ["ControlServer", "redact", "request"]
 

@@ -1,0 +1,1 @@
+"""The pipeline: settle, decide, queue, hand over (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""What each consumer acknowledged, crash-safe (see docs/architecture.md)."""
