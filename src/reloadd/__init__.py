@@ -43,6 +43,7 @@ from ._options import Options, parse_duration
 from ._outcomes import result_of
 from ._persisted import set_aside
 from ._pidfile import read_pid_file, signal_pid_file
+from ._provides import Providing, Provision, ProvisionState
 from ._sources.base import Coverage, Drift, EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state import atomic_write
 from ._types import (
@@ -128,6 +129,9 @@ __all__ = [
     "PlannedChange",
     "Planner",
     "PluginError",
+    "Providing",
+    "Provision",
+    "ProvisionState",
     "PruneAware",
     "Reason",
     "Reject",

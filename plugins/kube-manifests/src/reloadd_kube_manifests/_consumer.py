@@ -79,7 +79,7 @@ from ._ledger import Ledger
 from ._manifests import Manifest, load_manifest
 from ._moves import MoveGrace
 from ._outcome import FileOutcome
-from ._pods import why_pods_wait
+from ._pods import provider_of, why_pods_wait
 from ._preview import declared_refs, preview_apply, preview_remove
 from ._settings import Settings
 from ._watch import ObjectWatch, list_members
@@ -318,10 +318,12 @@ class KubeManifestsConsumer(BaseConsumer):
         self.ctx.health_changed()
 
     async def _announce_failure(self, path: Path, f: FileHealthState) -> None:
-        """One WARNING and a ``HealthFailed`` Event; a failed workload's waiting pods named first (see ``_pods``)."""
+        """One WARNING and a ``HealthFailed`` Event; a failed workload's waiting pods named first, and the file
+        of another consumer that provides an image they wait for (see ``_pods``)."""
         culprit = f.culprit
         if culprit is not None and self.client is not None and f.failure[1] != "Terminating":
-            problems = await why_pods_wait(self.client, culprit)
+            problems = await why_pods_wait(self.client, culprit,
+                                           lambda image: provider_of(image, self.ctx.provided("image")))
             if problems and f.state is FileState.FAILED and f.culprit == culprit:
                 obj, reason, message = f.failure
                 f.failure = (obj, reason, "; ".join([message, *problems] if message else problems))
