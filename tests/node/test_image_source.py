@@ -23,7 +23,7 @@ from tests.kube.node import KubeNode
 from tests.waiting import until
 
 from .support import deployment, ensure_namespace, yaml_of
-from .test_airgap import _drop
+from .test_airgap import _drop, airgap_config
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,18 +34,7 @@ async def start(kube_node: KubeNode, tmp_path: Path) -> AsyncIterator[Callable[.
     running: list[reloadd.Reloader] = []
 
     async def go(**image_options: Any) -> tuple[reloadd.Reloader, Path, Path]:
-        images, manifests = tmp_path / "images", tmp_path / "manifests"
-        images.mkdir()
-        manifests.mkdir()
-        cfg = reloadd.parse_config({
-            "reloadd": {"state_dir": str(tmp_path / "state"), "quiet": "100ms"},
-            "consumer": [
-                {"name": "images", "plugin": "containerd-images", "paths": [str(images)],
-                 "options": {"address": kube_node.address, "namespace": "k8s.io", **image_options}},
-                {"name": "manifests", "plugin": "kube-manifests", "paths": [str(manifests)], "after": ["images"],
-                 "options": {"kubeconfig": str(kube_node.cluster.kubeconfig)}},
-            ],
-        })
+        cfg, images, manifests = airgap_config(kube_node, tmp_path, **image_options)
         r = reloadd.Reloader(cfg)
         await r.__aenter__()
         running.append(r)
