@@ -195,8 +195,10 @@ def namespace_folder(root: Path, ns: str, n_files: int, n_obj: int) -> None:
              "data": {"payload": "x" * 200}} for j in range(n_obj)])
 
 
-async def folder_first_pass(kube: KubeCluster, work: Path, n_files: int, n_obj: int, runs: int) -> dict[str, Any]:
-    """Phase 5: the first pass over a folder whose Namespace is one of its files (issue #59)."""
+async def folder_first_pass(kube: KubeCluster, work: Path, n_files: int, n_obj: int, runs: int,
+                            options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Phase 5: the first pass over a folder whose Namespace is one of its files (issue #59); ``options``
+    added to the consumer's (``--folder-concurrency``)."""
     env = {**os.environ, "HOME": str(work / "home")}
     r_times: list[float] = []
     k_times: list[float] = []
@@ -210,7 +212,7 @@ async def folder_first_pass(kube: KubeCluster, work: Path, n_files: int, n_obj: 
             "reloadd": {"state_dir": str(work / f"folder-state{run}"), "quiet": "100ms"},
             # A consumer name per run: its ApplySet parents are its own (the same name would prune the last run's).
             "consumer": [{"name": f"folder{run}", "plugin": "kube-manifests", "paths": [str(r_root)],
-                          "options": {"kubeconfig": str(kube.kubeconfig)}}],
+                          "options": {"kubeconfig": str(kube.kubeconfig), **(options or {})}}],
         })
 
         async def reloadd_pass(cfg: reloadd.Config = cfg) -> None:
@@ -250,12 +252,15 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--corpus-edits", type=int, default=10)
     ap.add_argument("--folder-runs", type=int, default=5, help="pairs for the namespace-folder first pass")
     ap.add_argument("--only-folder", action="store_true", help="run only the namespace-folder first pass")
+    ap.add_argument("--folder-concurrency", type=int, help="the consumer's `concurrency` for that pass")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="reloadd-bench-km-"))
     try:
         if args.only_folder:
             async with KubeCluster(controllers=()) as kube:
-                result = await folder_first_pass(kube, work, args.files, args.objects, args.folder_runs)
+                extra = {"concurrency": args.folder_concurrency} if args.folder_concurrency else {}
+                result = await folder_first_pass(kube, work, args.files, args.objects, args.folder_runs, extra)
+                result["folder_options"] = extra
             print(json.dumps(result, indent=2))
             if args.json:
                 args.json.write_text(json.dumps(result, indent=2) + "\n")
