@@ -59,6 +59,7 @@ bench: deps kube containerd-releases install
 	$(BIN)/python -m bench.containerd_images.landing --md build/bench/25-containerd-landing.md
 	$(BIN)/python -m bench.kube_manifests --md build/bench/30-kube-manifests.md
 	$(BIN)/python -m bench.kube_manifests.node --md build/bench/35-kube-node.md
+	$(BIN)/python -m bench.kube_manifests.health_requests --md build/bench/36-kube-health-requests.md
 	$(BIN)/python -m bench.registry_mirrors --md build/bench/40-registry-mirrors.md
 	$(BIN)/python -m bench.drift --md build/bench/50-drift.md
 	$(BIN)/python -m bench.fleet --md build/bench/60-fleet.md

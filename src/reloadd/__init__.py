@@ -42,6 +42,7 @@ from ._ops._pidfile import read_pid_file, signal_pid_file
 from ._options import Options, parse_duration
 from ._outcomes import result_of
 from ._pipeline._changes import unchanged
+from ._provides import Providing, Provision, ProvisionState
 from ._source import Coverage, Drift, EventKind, Source, SourceContext, SourceEvent, WatchRoot
 from ._state._persisted import set_aside
 from ._state._records import atomic_write
@@ -128,6 +129,9 @@ __all__ = [
     "PlannedChange",
     "Planner",
     "PluginError",
+    "Providing",
+    "Provision",
+    "ProvisionState",
     "PruneAware",
     "Reason",
     "Reject",

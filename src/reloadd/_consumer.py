@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 from ._errors import PlanUnsupportedError
 from ._health import HealthReport
 from ._outcomes import result_of
+from ._provides import Provision
 from ._source import Source, SourceContext
 from ._types import Batch, Change, DriftMode, PathRecord, Plan, Result
 
@@ -235,6 +236,8 @@ class ConsumerContext:
             (:class:`SourceProvider`); ``detect`` hands nothing over for drift, so a source may
             report it further (a Kubernetes Event), but must change nothing.
         health_changed: Tell the core the consumer's :class:`HealthReporting` answer changed.
+        provided: What the other consumers of this reloadd provide of a kind (``"image"``): their
+            :class:`~reloadd.Providing` entries, read when asked (``()`` when none provides it).
     """
 
     name: str
@@ -249,6 +252,8 @@ class ConsumerContext:
     drift: DriftMode = DriftMode.CORRECT
     health_changed: Callable[[], None] = lambda: None
     """Tell the core the consumer's :class:`HealthReporting` answer changed (its ``after`` dependents look again)."""
+    provided: Callable[[str], tuple[Provision, ...]] = lambda kind: ()
+    """What the other consumers provide of ``kind`` (see :class:`~reloadd.Providing`)."""
 
 
 ConsumerFactory = Callable[[ConsumerContext], Consumer]

@@ -38,6 +38,7 @@ from ._pipeline._building import (
     owner_test,
     path_filter,
     records_for,
+    share_provisions,
 )
 from ._pipeline._drift import DriftBook
 from ._pipeline._engine import Engine, Force, Slot
@@ -271,6 +272,7 @@ class Reloader:
         if len(set(names)) != len(names):
             raise ConfigError(f"consumer names must be unique, got {names}")
         check_after({c.name: conf.after for c, _, conf in built}, str(cfg.source or "<config>"))
+        share_provisions(c for c, _, _ in built)
         agg = Aggregator(default=Timing(cfg.quiet, cfg.max_delay, max(cfg.max_hold, cfg.max_delay)))
         for consumer, _, conf in built:
             at_once = arrives_at_once(consumer)

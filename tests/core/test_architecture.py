@@ -26,7 +26,8 @@ CLI = {"reloadd.cli", "reloadd.__main__", "reloadd._logging"}
 FACADE = {"reloadd", "reloadd._reloader", "reloadd._observe"}
 CONTRACT = {"reloadd._backoff", "reloadd._command", "reloadd._config", "reloadd._consumer", "reloadd._errors",
             "reloadd._filters", "reloadd._health", "reloadd._options", "reloadd._order", "reloadd._outcomes",
-            "reloadd._snapshot", "reloadd._source", "reloadd._suggest", "reloadd._types", "reloadd._watch"}
+            "reloadd._provides", "reloadd._snapshot", "reloadd._source", "reloadd._suggest", "reloadd._types",
+            "reloadd._watch"}
 MAY_IMPORT = {
     "cli": {"cli", "facade", "ops", "pipeline", "state", "sources", "contract"},
     "facade": {"facade", "ops", "pipeline", "state", "sources", "contract"},

@@ -27,6 +27,24 @@ from .support import available, container_status, deployment, ensure_namespace, 
 pytestmark = pytest.mark.timeout(300)
 
 
+def airgap_config(kube_node: KubeNode, tmp_path: Path, **image_options: Any) -> tuple[reloadd.Config, Path, Path]:
+    """The air-gap reloadd: ``images/`` into the node's containerd (``image_options`` added), ``manifests/``
+    ``after`` images on the node's cluster; the folders are created."""
+    images, manifests = tmp_path / "images", tmp_path / "manifests"
+    images.mkdir()
+    manifests.mkdir()
+    cfg = reloadd.parse_config({
+        "reloadd": {"state_dir": str(tmp_path / "state"), "quiet": "100ms"},
+        "consumer": [
+            {"name": "images", "plugin": "containerd-images", "paths": [str(images)],
+             "options": {"address": kube_node.address, "namespace": "k8s.io", **image_options}},
+            {"name": "manifests", "plugin": "kube-manifests", "paths": [str(manifests)], "after": ["images"],
+             "options": {"kubeconfig": str(kube_node.cluster.kubeconfig)}},
+        ],
+    })
+    return cfg, images, manifests
+
+
 def _drop(path: Path, write: Any) -> None:
     """Write ``path`` as a tool would: under a temporary name, renamed into the watched folder."""
     tmp = path.parent.parent / f".{path.name}.part"
@@ -67,18 +85,7 @@ class Spans:
 @pytest.fixture
 async def airgap(kube_node: KubeNode, tmp_path: Path) -> AsyncIterator[tuple[reloadd.Reloader, Path, Path, Spans]]:
     """A running reloadd watching ``images/`` (into the node's containerd) and ``manifests/`` (after images)."""
-    images, manifests = tmp_path / "images", tmp_path / "manifests"
-    images.mkdir()
-    manifests.mkdir()
-    cfg = reloadd.parse_config({
-        "reloadd": {"state_dir": str(tmp_path / "state"), "quiet": "100ms"},
-        "consumer": [
-            {"name": "images", "plugin": "containerd-images", "paths": [str(images)],
-             "options": {"address": kube_node.address, "namespace": "k8s.io"}},
-            {"name": "manifests", "plugin": "kube-manifests", "paths": [str(manifests)], "after": ["images"],
-             "options": {"kubeconfig": str(kube_node.cluster.kubeconfig)}},
-        ],
-    })
+    cfg, images, manifests = airgap_config(kube_node, tmp_path)
     async with reloadd.Reloader(cfg) as r:
         await r.wait_idle(60)
         yield r, images, manifests, Spans(r)

@@ -17,6 +17,7 @@ from .._config import ConsumerConfig
 from .._consumer import Consumer, ConsumerContext
 from .._errors import ConfigError, PluginError
 from .._filters import PathFilter
+from .._provides import provisions_for
 from .._state._records import RecordStore
 from .._types import DriftMode, PathRecord
 from ._plugins import CONSUMER_GROUP, load
@@ -210,3 +211,13 @@ def bind(consumer: Consumer, records: RecordStore, trigger: Trigger,
         ctx.logger = logging.getLogger(f"reloadd.consumer.{consumer.name}")
         if getattr(consumer, "log", None) is not None:
             consumer.log = ctx.logger  # type: ignore[attr-defined]
+
+
+def share_provisions(consumers: Iterable[Consumer]) -> None:
+    """Let each consumer built with a :class:`ConsumerContext` read what the others provide
+    (:attr:`ConsumerContext.provided`, see :class:`~reloadd.Providing`)."""
+    every = list(consumers)
+    for consumer in every:
+        ctx = getattr(consumer, "ctx", None)
+        if isinstance(ctx, ConsumerContext):
+            ctx.provided = provisions_for(consumer, every)

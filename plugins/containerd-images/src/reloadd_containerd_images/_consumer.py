@@ -24,6 +24,7 @@ from reloadd import (
     PermanentError,
     Plan,
     PlannedChange,
+    Provision,
     Reason,
     Reject,
     Result,
@@ -41,6 +42,7 @@ from ._lists import pull_list, read_list
 from ._oci import host_platform
 from ._policy import Decision, Policy, open_for_check
 from ._preview import ImagePlanner
+from ._provided import Provided, names_of
 from ._settings import Settings
 from ._state import PIN_LABEL, SOURCE_LABEL, FileImages, state_of
 from ._unpack import ChainLocks
@@ -113,6 +115,7 @@ class ContainerdImagesConsumer(BaseConsumer):
         self.verified = asyncio.Event()
         self._busy: dict[Path, int] = {}  # files being imported or pulled now
         self._events: ImageEvents | None = None
+        self.provided = Provided(self.ctx.records, lambda p: self.gate.shown(p, None), self._busy)
         """Set once the start-up check of recorded images has run."""
         self._import_settings = ImportSettings(
             snapshotter=settings.snapshotter,
@@ -259,15 +262,35 @@ class ContainerdImagesConsumer(BaseConsumer):
         """
         self._busy[change.path] = self._busy.get(change.path, 0) + 1
         try:
-            return await self._one(change)
-        except PermanentError:
+            result = await self._one(change)
+        except PermanentError as exc:
             self.stats["import_failures"] += 1
+            await self._note(change, exc)
             raise  # the core maps it (rejected until the file changes) and logs it once
+        except ConsumerError as exc:
+            await self._note(change, exc)
+            raise
+        else:
+            await self._note(change, result)
+            return result
         finally:
             if (n := self._busy.pop(change.path) - 1) > 0:
                 self._busy[change.path] = n
             elif self._events is not None:
                 self._events.settled(change.path)
+
+    def provisions(self, kind: str) -> list[Provision]:
+        """The image names each file provides and how its import went (``reloadd.Providing``): a
+        kube-manifests consumer names the file when a pod waits for one of them (see ``_provided``)."""
+        return self.provided.entries() if kind == "image" else []
+
+    async def _note(self, change: Change, outcome: Result | ConsumerError) -> None:
+        path = change.path
+        if change.kind is ChangeKind.DELETED:
+            self.provided.forget(path)
+        elif not (is_evidence(path) or is_checksum_file(path)):
+            names = () if isinstance(outcome, Ack) else await asyncio.to_thread(names_of, path)
+            self.provided.outcome(path, outcome, names)
 
     async def _one(self, change: Change) -> Result:
         async with self._sem:

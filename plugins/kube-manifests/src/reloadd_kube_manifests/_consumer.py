@@ -22,7 +22,7 @@ Guarded objects: the ``kube-watch`` source (see ``_watch``) watches the members 
 member deleted, or a field reloadd owns changed by another manager, as drift of the file; the ledger (see
 ``_ledger``) is what each file applied, kept here and in each record's ``owned``.
 
-Prune safety: the core holds the deletions of a root that looks lost (see ``reloadd._prune``); this
+Prune safety: the core holds the deletions of a root that looks lost (see ``reloadd._pipeline._prune``); this
 consumer adds ``max_prune``, a limit on the objects deleted files remove in one pass (see
 :meth:`KubeManifestsConsumer._over_max_prune`), and records a Warning Event on the parent of every held
 removal.
@@ -79,7 +79,7 @@ from ._ledger import Ledger
 from ._manifests import Manifest, load_manifest
 from ._moves import MoveGrace
 from ._outcome import FileOutcome
-from ._pods import why_pods_wait
+from ._pods import provider_of, why_pods_wait
 from ._preview import declared_refs, preview_apply, preview_remove
 from ._settings import Settings
 from ._watch import ObjectWatch, list_members
@@ -318,10 +318,12 @@ class KubeManifestsConsumer(BaseConsumer):
         self.ctx.health_changed()
 
     async def _announce_failure(self, path: Path, f: FileHealthState) -> None:
-        """One WARNING and a ``HealthFailed`` Event; a failed workload's waiting pods named first (see ``_pods``)."""
+        """One WARNING and a ``HealthFailed`` Event; a failed workload's waiting pods named first, and the file
+        of another consumer that provides an image they wait for (see ``_pods``)."""
         culprit = f.culprit
         if culprit is not None and self.client is not None and f.failure[1] != "Terminating":
-            problems = await why_pods_wait(self.client, culprit)
+            problems = await why_pods_wait(self.client, culprit,
+                                           lambda image: provider_of(image, self.ctx.provided("image")))
             if problems and f.state is FileState.FAILED and f.culprit == culprit:
                 obj, reason, message = f.failure
                 f.failure = (obj, reason, "; ".join([message, *problems] if message else problems))

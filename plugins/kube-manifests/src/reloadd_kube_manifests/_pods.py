@@ -6,19 +6,24 @@ workload's pods once (one request, by its ``spec.selector.matchLabels``; no watc
 container that waits for its image (``ErrImageNeverPull``, ``ImagePullBackOff``, ``ErrImagePull``...) or
 crash-loops, so the failure reads ``... ; pod web/app-5d-x: container app waiting ErrImageNeverPull (image
 registry.local/web:1.4): ...``.
+
+An image that is not there may be one a ``containerd-images`` consumer of the same reloadd provides (a
+tarball whose import failed, a list still pulling, an archive refused by ``verify``): the consumer asks
+:attr:`reloadd.ConsumerContext.provided` and the line goes on with ``image registry.local/web:1.4 is in
+images/web.tar, import failed: ...`` (see :func:`provider_of`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from reloadd import ReloaddError
+from reloadd import Provision, ProvisionState, ReloaddError
 
 from ._applyset import ObjRef
 from ._client import KubeClient
 
-__all__ = ["IMAGE_REASONS", "WORKLOADS", "pod_problems", "why_pods_wait"]
+__all__ = ["IMAGE_REASONS", "WORKLOADS", "image_key", "pod_problems", "provider_of", "why_pods_wait"]
 
 IMAGE_REASONS = frozenset({"ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
                            "ImageInspectError", "RegistryUnavailable"})
@@ -30,8 +35,35 @@ WORKLOADS = {("apps", "Deployment"): "deployments", ("apps", "StatefulSet"): "st
 _MAX = 3
 
 
-def pod_problems(pods: Mapping[str, Any]) -> list[str]:
-    """What keeps the containers of a pod list from running, one line per waiting container (3 at most)."""
+Explain = Callable[[str], str]
+"""What else is known of an image the kubelet cannot find (``""``: nothing)."""
+
+
+def image_key(ref: str) -> str:
+    """An image reference as containerd names it: ``web:1.4`` → ``docker.io/library/web:1.4``, tag
+    ``latest`` when none (the kubelet reports the pod spec's spelling, the image store the full one)."""
+    name, at, digest = ref.partition("@")
+    slash, colon = name.rfind("/"), name.rfind(":")
+    name, tag = (name[:colon], name[colon + 1:]) if colon > slash else (name, "latest")
+    head, _, tail = name.partition("/")
+    if not tail or not ("." in head or ":" in head or head == "localhost"):
+        name = f"docker.io/{name if tail else 'library/' + name}"
+    elif head == "index.docker.io":
+        name = f"docker.io/{tail}"
+    return f"{name}{at}{digest}" if at else f"{name}:{tag}"
+
+
+def provider_of(image: str, provisions: Iterable[Provision]) -> str:
+    """The line naming the file that provides ``image`` (one not delivered first), or ``""``."""
+    key = image_key(image)
+    found = sorted((p for p in provisions if image_key(p.name) == key),
+                   key=lambda p: (p.state is ProvisionState.DELIVERED, str(p.path)))
+    return found[0].line() if found else ""
+
+
+def pod_problems(pods: Mapping[str, Any], explain: Explain = lambda image: "") -> list[str]:
+    """What keeps the containers of a pod list from running, one line per waiting container (3 at most);
+    ``explain`` adds what is known of an image that is not there."""
     out: list[str] = []
     for pod in pods.get("items") or ():
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
@@ -42,14 +74,15 @@ def pod_problems(pods: Mapping[str, Any]) -> list[str]:
             if reason in IMAGE_REASONS or reason in _OTHER_REASONS:
                 image = f" (image {cs['image']})" if cs.get("image") else ""
                 message = f": {waiting['message']}" if waiting.get("message") else ""
+                known = explain(str(cs["image"])) if reason in IMAGE_REASONS and cs.get("image") else ""
                 out.append(f"pod {meta.get('namespace')}/{meta.get('name')}: container {cs.get('name')} waiting "
-                           f"{reason}{image}{message}")
+                           f"{reason}{image}{message}" + (f"; {known}" if known else ""))
                 if len(out) >= _MAX:
                     return out
     return out
 
 
-async def why_pods_wait(client: KubeClient, ref: ObjRef) -> list[str]:
+async def why_pods_wait(client: KubeClient, ref: ObjRef, explain: Explain = lambda image: "") -> list[str]:
     """:func:`pod_problems` of the pods of workload ``ref`` (two requests; nothing for other kinds or errors)."""
     resource = WORKLOADS.get((ref.group, ref.kind))
     if resource is None or not ref.namespace:
@@ -64,4 +97,4 @@ async def why_pods_wait(client: KubeClient, ref: ObjRef) -> list[str]:
         pods = await client.get(f"/api/v1/namespaces/{ref.namespace}/pods", {"labelSelector": selector})
     except ReloaddError:
         return []  # an explanation only: the failure stands without it
-    return pod_problems(pods or {})
+    return pod_problems(pods or {}, explain)
