@@ -14,22 +14,22 @@ takes two streams faster than one (46 MB on 1.7: ingest 0.25 s against 0.30, med
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 import json
 import os
 import posixpath
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol
 
 from ._archive import ArchiveReader, Member, detect_compression
+from ._beside import Beside
 from ._client import ContainerdClient, Descriptor
 from ._content import BytesSource, WriteResult, write_blob
 from ._errors import BadImageFile
+from ._members import MemberSource, hash_member
 from ._oci import (
     ANN_IMAGE_NAME,
     ANN_REF_NAME,
@@ -58,7 +58,6 @@ BESIDE = 8
 """Small blobs written at once beside the streaming of the next members (each holds at most :data:`SMALL`)."""
 LAYERS = 2
 """Larger members of an uncompressed archive hashed and streamed at once, each read by its offset."""
-T = TypeVar("T")
 _BLOB_PATH = re.compile(r"blobs/sha256/([0-9a-f]{64})")
 _DOCKER_V1 = re.compile(r"repositories|[0-9a-f]{64}/(?:json|VERSION)")
 
@@ -77,23 +76,6 @@ class Ingested:
     bytes_read: int = 0
     compression: str = ""
     docker: bool = False
-
-
-class _MemberSource:
-    """A :class:`ChunkSource` over the current tar member that keeps its first bytes."""
-
-    def __init__(self, reader: ArchiveReader) -> None:
-        self.reader = reader
-        self.head = b""
-
-    async def begin(self) -> None:
-        await self.reader.begin()
-
-    async def read(self) -> bytes:
-        data = await self.reader.read()
-        if len(self.head) < 16 and data:
-            self.head += data[: 16 - len(self.head)]
-        return data
 
 
 def _json(raw: bytes, what: str) -> Any:
@@ -124,6 +106,10 @@ async def ingest(
 ) -> Ingested:
     """Write every blob of ``path`` into containerd under ``lease``; return the index descriptor.
 
+    The steps: walk the members (layout documents read, blobs written beside the walk), wait for the
+    writes, point hard links at their targets, then take the OCI layout's index or synthesise a docker
+    archive's.
+
     Args:
         client: The containerd client.
         path: The tarball.
@@ -138,125 +124,184 @@ async def ingest(
         BadImageFile: not a tar, unsupported layout, malformed or oversized JSON.
         TruncatedFile: the file ends early.
     """
-    refbase = hashlib.sha256(str(path).encode()).hexdigest()[:16]
-    blobs: dict[str, Descriptor] = {}
-    heads: dict[str, bytes] = {}
-    links: dict[str, str] = {}
-    layout: Any = None
-    docker_manifests: Any = None
     res = Ingested(Descriptor("", "", 0), docs=docs if docs is not None else {})
-    cached = 0
-
-    def committed(wr: WriteResult) -> None:
-        res.blobs += 1
-        res.blobs_present += wr.existed
-        res.bytes_sent += wr.bytes_sent
-        res.written.add(wr.digest)
-        if observer is not None:
-            observer.blob_committed(wr.digest)
-
-    def keep(m: Member, digest: str, head: bytes, data: bytes | None = None) -> None:
-        nonlocal cached
-        if data is not None and data[:1] == b"{" and cached + len(data) <= CACHE_LIMIT:
-            res.docs[digest] = data
-            cached += len(data)
-        heads[m.name] = head
-        blobs[m.name] = Descriptor("", digest, m.size)
-
-    layers_read = 0
-
-    def landed(m: Member, got: tuple[WriteResult, bytes]) -> None:
-        nonlocal layers_read
-        keep(m, got[0].digest, got[1])
-        committed(got[0])
-        layers_read += got[0].bytes_sent  # as the reader counts: bytes read to be sent
-
-    beside: _Beside[WriteResult] = _Beside(BESIDE)
-    layers: _Beside[tuple[WriteResult, bytes]] = _Beside(LAYERS)
-    shared_fd = -1  # the tarball, read by offset by the layers' writes (pread: one descriptor serves all)
+    walk = _Walk(client, path, lease, observer, res, dry_run)
     try:
         async with ArchiveReader(path) as reader:
             res.compression = reader.compression
             while (m := await reader.next_member()) is not None:
-                if m.link:
-                    links[m.name] = m.link
-                    continue
-                if m.name == "oci-layout":
-                    layout = _json(await reader.read_all(JSON_LIMIT, "oci-layout"), "oci-layout")
-                    continue
-                if _DOCKER_V1.fullmatch(m.name):
-                    continue  # docker v1 leftovers nothing references (containerd's GC drops them)
-                if m.name == "manifest.json":
-                    docker_manifests = _json(await reader.read_all(JSON_LIMIT, "manifest.json"), "manifest.json")
-                    continue
-                if m.name == "index.json":
-                    # Only read: containerd would store it as a blob that nothing references (the GC
-                    # drops it once the lease is gone), so writing it would only cost a transfer.
-                    raw = await reader.read_all(JSON_LIMIT, "index.json")
-                    blobs[m.name] = Descriptor(OCI_INDEX, sha256_digest(raw), len(raw))
-                    res.docs[sha256_digest(raw)] = raw
-                    if observer is not None:
-                        observer.index_read(sha256_digest(raw))
-                    continue
-                bm = _BLOB_PATH.fullmatch(m.name)
-                expected = f"sha256:{bm.group(1)}" if bm else ""
-                ref = (
-                    f"reloadd-{bm.group(1)}"
-                    if bm
-                    else f"reloadd-{refbase}-{hashlib.sha256(m.name.encode()).hexdigest()[:16]}"
-                )
-                if m.size <= SMALL:
-                    data, digest = await _read_small(reader, m, expected)
-                    keep(m, digest, data[:16], data)
-                    if dry_run:
-                        committed(WriteResult(digest, 0, False))
-                    else:
-                        # Written beside the members after it: its commit (round trips and containerd's
-                        # fsyncs) does not hold back the streaming of the layers.
-                        write = functools.partial(write_blob, client, ref, len(data), digest, BytesSource(data), lease)
-                        await beside.start(write, committed)
-                    continue
-                if m.offset >= 0 and shared_fd < 0:
-                    shared_fd = reader.dup_fd()
-                if m.offset >= 0 and not dry_run:
-                    # An uncompressed archive: the member is a range of the file, hashed (when its name
-                    # does not give its digest) and streamed beside the walk and the members after it.
-                    stream = functools.partial(_write_range, client, shared_fd, m, ref, expected, lease)
-                    await layers.start(stream, functools.partial(landed, m))
-                    continue
-                if dry_run:
-                    wr, head = await _hash_member(reader, m, expected, shared_fd)
-                else:
-                    wr, head = await _write_member(client, reader, m, ref, expected, lease)
-                keep(m, wr.digest, head)
-                committed(wr)
-                beside.check()
-                layers.check()
-            await beside.finish()
-            await layers.finish()
-            res.bytes_read = reader.bytes_read + layers_read
+                await walk.take(reader, m)
+            await walk.finish(reader)
     finally:
-        await beside.close()
-        await layers.close()
-        if shared_fd >= 0:
-            os.close(shared_fd)
-    for name, target in links.items():
-        if target in blobs:
-            blobs[name] = blobs[target]
+        await walk.close()
+    walk.resolve_links()
+    await _take_index(client, walk, res, lease, dry_run)
+    return res
 
-    if layout is not None:
+
+class _Walk:
+    """One pass over the tarball's members: what it found so far and the writes still running.
+
+    Args:
+        client: The containerd client.
+        path: The tarball (its name seeds the ingest refs of members not named by their digest).
+        lease: The import's lease.
+        observer: Told about index.json and each committed blob.
+        res: What the pass put into containerd, filled as blobs land.
+        dry_run: Hash, write nothing (see :func:`ingest`).
+    """
+
+    def __init__(
+        self,
+        client: ContainerdClient,
+        path: Path,
+        lease: str,
+        observer: IngestObserver | None,
+        res: Ingested,
+        dry_run: bool,
+    ) -> None:
+        self.client, self.lease, self.observer, self.res, self.dry_run = client, lease, observer, res, dry_run
+        self.refbase = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+        self.blobs: dict[str, Descriptor] = {}
+        """member name → blob (index.json included, with its media type)."""
+        self.heads: dict[str, bytes] = {}
+        """member name → its first bytes (a docker layer's compression)."""
+        self.links: dict[str, str] = {}
+        self.layout: Any = None
+        self.docker_manifests: Any = None
+        self.cached = 0
+        self.layers_read = 0
+        self.beside: Beside[WriteResult] = Beside(BESIDE)
+        self.layers: Beside[tuple[WriteResult, bytes]] = Beside(LAYERS)
+        self.shared_fd = -1  # the tarball, read by offset by the layers' writes (pread: one descriptor serves all)
+
+    def committed(self, wr: WriteResult) -> None:
+        """Count a blob that is in containerd (or would be, in a dry run)."""
+        res = self.res
+        res.blobs += 1
+        res.blobs_present += wr.existed
+        res.bytes_sent += wr.bytes_sent
+        res.written.add(wr.digest)
+        if self.observer is not None:
+            self.observer.blob_committed(wr.digest)
+
+    def keep(self, m: Member, digest: str, head: bytes, data: bytes | None = None) -> None:
+        """Remember a member's blob and first bytes (and its bytes, if small JSON and the cache has room)."""
+        if data is not None and data[:1] == b"{" and self.cached + len(data) <= CACHE_LIMIT:
+            self.res.docs[digest] = data
+            self.cached += len(data)
+        self.heads[m.name] = head
+        self.blobs[m.name] = Descriptor("", digest, m.size)
+
+    def landed(self, m: Member, got: tuple[WriteResult, bytes]) -> None:
+        """A layer streamed by its offset is in."""
+        self.keep(m, got[0].digest, got[1])
+        self.committed(got[0])
+        self.layers_read += got[0].bytes_sent  # as the reader counts: bytes read to be sent
+
+    async def take(self, reader: ArchiveReader, m: Member) -> None:
+        """Handle the member the reader is at: a layout document, a leftover, a link or a blob."""
+        if not await self._document(reader, m):
+            await self._blob(reader, m)
+
+    async def _document(self, reader: ArchiveReader, m: Member) -> bool:
+        """Read (or skip) a member that is not a blob; whether it was one."""
+        if m.link:
+            self.links[m.name] = m.link
+        elif m.name == "oci-layout":
+            self.layout = _json(await reader.read_all(JSON_LIMIT, "oci-layout"), "oci-layout")
+        elif _DOCKER_V1.fullmatch(m.name):
+            pass  # docker v1 leftovers nothing references (containerd's GC drops them)
+        elif m.name == "manifest.json":
+            self.docker_manifests = _json(await reader.read_all(JSON_LIMIT, "manifest.json"), "manifest.json")
+        elif m.name == "index.json":
+            # Only read: containerd would store it as a blob that nothing references (the GC
+            # drops it once the lease is gone), so writing it would only cost a transfer.
+            raw = await reader.read_all(JSON_LIMIT, "index.json")
+            self.blobs[m.name] = Descriptor(OCI_INDEX, sha256_digest(raw), len(raw))
+            self.res.docs[sha256_digest(raw)] = raw
+            if self.observer is not None:
+                self.observer.index_read(sha256_digest(raw))
+        else:
+            return False
+        return True
+
+    async def _blob(self, reader: ArchiveReader, m: Member) -> None:
+        """Write a member as a blob: small ones and an uncompressed archive's layers beside the walk."""
+        bm = _BLOB_PATH.fullmatch(m.name)
+        expected = f"sha256:{bm.group(1)}" if bm else ""
+        ref = (
+            f"reloadd-{bm.group(1)}"
+            if bm
+            else f"reloadd-{self.refbase}-{hashlib.sha256(m.name.encode()).hexdigest()[:16]}"
+        )
+        if m.size <= SMALL:
+            await self._small(reader, m, expected, ref)
+            return
+        if m.offset >= 0 and self.shared_fd < 0:
+            self.shared_fd = reader.dup_fd()
+        if m.offset >= 0 and not self.dry_run:
+            # An uncompressed archive: the member is a range of the file, hashed (when its name
+            # does not give its digest) and streamed beside the walk and the members after it.
+            stream = functools.partial(_write_range, self.client, self.shared_fd, m, ref, expected, self.lease)
+            await self.layers.start(stream, functools.partial(self.landed, m))
+            return
+        if self.dry_run:
+            wr, head = await hash_member(reader, m, expected, self.shared_fd)
+        else:
+            wr, head = await _write_member(self.client, reader, m, ref, expected, self.lease)
+        self.keep(m, wr.digest, head)
+        self.committed(wr)
+        self.beside.check()
+        self.layers.check()
+
+    async def _small(self, reader: ArchiveReader, m: Member, expected: str, ref: str) -> None:
+        """Read a member of at most :data:`SMALL` bytes whole and write it beside the walk."""
+        data, digest = await _read_small(reader, m, expected)
+        self.keep(m, digest, data[:16], data)
+        if self.dry_run:
+            self.committed(WriteResult(digest, 0, False))
+            return
+        # Written beside the members after it: its commit (round trips and containerd's
+        # fsyncs) does not hold back the streaming of the layers.
+        write = functools.partial(write_blob, self.client, ref, len(data), digest, BytesSource(data), self.lease)
+        await self.beside.start(write, self.committed)
+
+    async def finish(self, reader: ArchiveReader) -> None:
+        """Wait for the writes beside the walk; count the bytes read."""
+        await self.beside.finish()
+        await self.layers.finish()
+        self.res.bytes_read = reader.bytes_read + self.layers_read
+
+    async def close(self) -> None:
+        """Cancel the writes still running (the walk failed) and close the shared descriptor."""
+        await self.beside.close()
+        await self.layers.close()
+        if self.shared_fd >= 0:
+            os.close(self.shared_fd)
+
+    def resolve_links(self) -> None:
+        """Hard links name their target's blob."""
+        for name, target in self.links.items():
+            if target in self.blobs:
+                self.blobs[name] = self.blobs[target]
+
+
+async def _take_index(client: ContainerdClient, walk: _Walk, res: Ingested, lease: str, dry_run: bool) -> None:
+    """Set ``res.index``: the OCI layout's index.json, or the index synthesised for a docker archive."""
+    if walk.layout is not None:
+        layout = walk.layout
         if not isinstance(layout, dict) or layout.get("imageLayoutVersion") != "1.0.0":
             raise BadImageFile(f"unsupported OCI layout version {layout!r} (want 1.0.0)")
-        idx = blobs.get("index.json")
+        idx = walk.blobs.get("index.json")
         if idx is None:
             raise BadImageFile("OCI layout without index.json")
         res.index = Descriptor(OCI_INDEX, idx.digest, idx.size)
-        return res
-    if docker_manifests is None:
+        return
+    if walk.docker_manifests is None:
         raise BadImageFile("neither an OCI image layout (oci-layout) nor a docker archive (manifest.json)")
     res.docker = True
-    res.index = await _docker_index(client, docker_manifests, blobs, heads, res, lease, dry_run)
-    return res
+    res.index = await _docker_index(client, walk.docker_manifests, walk.blobs, walk.heads, res, lease, dry_run)
 
 
 async def _read_small(reader: ArchiveReader, m: Member, expected: str) -> tuple[bytes, str]:
@@ -268,32 +313,12 @@ async def _read_small(reader: ArchiveReader, m: Member, expected: str) -> tuple[
     return data, actual
 
 
-async def _hash_member(reader: ArchiveReader, m: Member, expected: str, fd: int) -> tuple[WriteResult, bytes]:
-    """What :func:`_write_member` or :func:`_write_range` would write, found reading only (``fd``: the
-    tarball's, when the member can be read by its offset)."""
-    if expected:  # only its first bytes (a docker layer's compression): the import verifies the rest
-        src = _MemberSource(reader)
-        await src.begin()
-        while len(src.head) < 16 and await src.read():
-            pass
-        return WriteResult(expected, 0, False), src.head
-    if m.offset >= 0:
-        digest, head = await hash_range(fd, m.name, m.offset, m.size)
-        return WriteResult(digest, 0, False), head
-    src = _MemberSource(reader)
-    await src.begin()
-    h = hashlib.sha256()
-    while chunk := await src.read():
-        h.update(chunk)
-    return WriteResult(f"sha256:{h.hexdigest()}", 0, False), src.head
-
-
 async def _write_member(
     client: ContainerdClient, reader: ArchiveReader, m: Member, ref: str, expected: str, lease: str
 ) -> tuple[WriteResult, bytes]:
     """Stream a member bigger than :data:`SMALL` of a compressed archive into containerd (read once, through
     the reader: an uncompressed archive's go by their offsets, :func:`_write_range`)."""
-    src = _MemberSource(reader)
+    src = MemberSource(reader)
     wr = await write_blob(client, ref, m.size, expected, src, lease)
     return wr, src.head
 
@@ -312,51 +337,6 @@ async def _write_range(
     finally:
         await src.close()
     return wr, head or src.head
-
-
-class _Beside(Generic[T]):
-    """Writes run beside the reading and streaming of the members after them, at most ``slots`` at once.
-
-    A failed write's error comes out at the next :meth:`start`, :meth:`check` or :meth:`finish`;
-    :meth:`close` cancels what still runs and waits for it.
-    """
-
-    def __init__(self, slots: int) -> None:
-        self._slots = asyncio.Semaphore(slots)
-        self._tasks: list[asyncio.Task[None]] = []
-
-    async def start(self, write: Callable[[], Awaitable[T]], done: Callable[[T], None]) -> None:
-        """Run ``write()`` beside the caller (once a slot is free); ``done`` gets its result."""
-        self.check()
-        await self._slots.acquire()
-
-        async def run() -> None:
-            try:
-                done(await write())
-            finally:
-                self._slots.release()
-
-        self._tasks.append(asyncio.create_task(run()))
-
-    def check(self) -> None:
-        """Raise the error of a write that failed; forget those that ended."""
-        for t in self._tasks:
-            if t.done() and not t.cancelled() and (exc := t.exception()) is not None:
-                raise exc
-        self._tasks = [t for t in self._tasks if not t.done()]
-
-    async def finish(self) -> None:
-        """Wait for every write; raise the first error."""
-        while self._tasks:
-            await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)
-            self.check()
-
-    async def close(self) -> None:
-        """Cancel the writes still running and wait for them."""
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
 
 
 async def load_doc(client: ContainerdClient, res: Ingested, digest: str, what: str, lease: str) -> Any:
