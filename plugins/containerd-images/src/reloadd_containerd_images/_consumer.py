@@ -5,14 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
-import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from reloadd import (
     Ack,
-    Backoff,
     BaseConsumer,
     Batch,
     Change,
@@ -37,12 +34,14 @@ from reloadd import (
 from ._client import CRI_NAMESPACE, ContainerdClient
 from ._events import ImageEvents
 from ._evidence import is_checksum_file, is_evidence, sha256_fd
-from ._importer import LEASE_LABEL, Importer, ImportSettings, lease_expiry
+from ._holdings import Holdings
+from ._importing import Imports
+from ._leases import Leases
 from ._lists import pull_list, read_list
-from ._oci import host_platform
 from ._policy import Decision, Policy, open_for_check
 from ._preview import ImagePlanner
 from ._provided import Provided, names_of
+from ._restore import Restorer
 from ._settings import Settings
 from ._state import PIN_LABEL, SOURCE_LABEL, FileImages, state_of
 from ._unpack import ChainLocks
@@ -51,11 +50,6 @@ from ._verifying import Gate, Stopped, with_check
 __all__ = ["ContainerdImagesConsumer"]
 
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tzst", ".tar.bz2", ".tbz", ".tbz2", ".tar.lz4")
-INSTANCE_LABEL = "reloadd.io/instance"
-
-
-def _mb(n: float) -> str:
-    return f"{n / 1e6:.1f} MB"
 
 
 class _EventsFactory:
@@ -103,28 +97,17 @@ class ContainerdImagesConsumer(BaseConsumer):
         self.policy = Policy(settings.verify, settings.trusted_keys, settings.keys_base, settings.keyring,
                              settings.verify_wait, self.log)
         self.gate = Gate(self.policy, self.stats, self.log, self.roots, self.ctx.trigger, self.accepts)
-        self._stale_leases: set[str] = set()
-        self._instance = uuid.uuid4().hex[:12]
         self._sem = asyncio.Semaphore(settings.concurrency)
-        # The freshest known image names per file, ahead of the engine's records (which are
-        # only updated once a whole batch is acknowledged); release decisions read this under
-        # one lock, so a rename and a rewrite handled side by side cannot both keep an image.
-        self._held: dict[Path, set[str]] = {}
-        self._release_lock = asyncio.Lock()
+        self.holdings = Holdings(lambda: self.client, self.ctx.records, settings, self.log)
+        self.leases = Leases(lambda: self.client, self.name, self.log)
+        self.imports = Imports(lambda: self.client, settings, self.locks, self.leases, self.stats, self.log)
+        self.restorer = Restorer(lambda: self.client, self.ctx.records, settings, self.leases, self.stats, self.log)
         self._verify: asyncio.Task[None] | None = None
         self.verified = asyncio.Event()
+        """Set once the start-up check of recorded images has run."""
         self._busy: dict[Path, int] = {}  # files being imported or pulled now
         self._events: ImageEvents | None = None
         self.provided = Provided(self.ctx.records, lambda p: self.gate.shown(p, None), self._busy)
-        """Set once the start-up check of recorded images has run."""
-        self._import_settings = ImportSettings(
-            snapshotter=settings.snapshotter,
-            unpack=settings.unpack,
-            platforms=settings.platforms,
-            unpack_platform=host_platform(),
-            cri=settings.namespace == CRI_NAMESPACE,
-            labels={**settings.labels, **({PIN_LABEL: "pinned"} if settings.pin else {})},
-        )
 
     @property
     def client(self) -> ContainerdClient:
@@ -186,16 +169,7 @@ class ContainerdImagesConsumer(BaseConsumer):
         Raises:
             TransientError: containerd cannot be reached.
         """
-        await self._delete_own_leases()
-        redo: list[Path] = []
-        for path, rec in list(self.ctx.records.items()):
-            st = state_of(rec.data)
-            if st is None or rec.fingerprint is None or not path.exists() or rec.error:
-                continue
-            if not await self._intact(path, st):
-                redo.append(path)
-        self.stats["reimports_triggered"] += len(redo)
-        return redo
+        return await self.restorer.to_restore()
 
     async def close(self) -> None:
         """Stop the background check and close the channel."""
@@ -215,7 +189,7 @@ class ContainerdImagesConsumer(BaseConsumer):
         missing) is not planned.
         """
         planner = ImagePlanner(
-            self.client, self.settings, Importer(self.client, self._import_settings, self.locks, self.log),
+            self.client, self.settings, self.imports.importer(),
             self.ctx.records, self._plan_labels, lambda p: self._outside_roots(p, None), (PIN_LABEL, SOURCE_LABEL),
             self.log, self.policy, self.gate.shown,
         )
@@ -229,7 +203,7 @@ class ContainerdImagesConsumer(BaseConsumer):
             st = state_of(rec.data) if rec is not None else None
             if rec is None or st is None or rec.error or not path.exists():
                 continue
-            for ref, why, _ns in await self._drift_of(st):
+            for ref, why, _ns in await self.restorer.drift_of(st):
                 out.setdefault(path, []).append(PlannedChange.drift(ref, why, "image"))
         return out
 
@@ -321,11 +295,11 @@ class ContainerdImagesConsumer(BaseConsumer):
             if stop is not None:
                 return stop
             old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
-            st = await self._import(path, decision.labels, Path(f"/proc/self/fd/{fd}") if fd is not None else None)
+            st = await self.imports.run(path, decision.labels, Path(f"/proc/self/fd/{fd}") if fd is not None else None)
         finally:
             if fd is not None:
                 os.close(fd)
-        await self._settle(path, st.refs, old.refs - st.refs if old is not None else set())
+        await self.holdings.settle(path, st.refs, old.refs - st.refs if old is not None else set())
         return Ack(with_check(st.to_json(), decision))
 
     def _previous(self, path: Path) -> object:
@@ -370,7 +344,7 @@ class ContainerdImagesConsumer(BaseConsumer):
 
         old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
         try:
-            st = await self._import(path, {}, Path(f"/proc/self/fd/{fd}"), judged)
+            st = await self.imports.run(path, {}, Path(f"/proc/self/fd/{fd}"), judged)
         except Stopped as stopped:
             return stopped.result
         except ConsumerError:
@@ -381,63 +355,8 @@ class ContainerdImagesConsumer(BaseConsumer):
             raise
         finally:
             await asyncio.gather(hashing, return_exceptions=True)  # its thread reads fd: not closed before
-        await self._settle(path, st.refs, old.refs - st.refs if old is not None else set())
+        await self.holdings.settle(path, st.refs, old.refs - st.refs if old is not None else set())
         return Ack(with_check(st.to_json(), decided[0]))
-
-    async def _import(self, path: Path, labels: dict[str, str], read_from: Path | None,
-                      gate: Callable[[], Awaitable[Mapping[str, str]]] | None = None) -> FileImages:
-        await self._drop_stale_leases()
-        t0 = time.monotonic()
-        size = os.stat(path).st_size
-        lease = await self.client.create_lease(
-            lease_expiry(size), {LEASE_LABEL: self.name, INSTANCE_LABEL: self._instance}
-        )
-        importer = Importer(self.client, self._import_settings, self.locks, self.log)
-        try:
-            rep = await importer.import_file(path, lease, {SOURCE_LABEL: str(path), **labels}, read_from, gate)
-        except Stopped:  # refused once its bytes were in: nothing of it may stay
-            await self._drop_lease(lease, sync=True)
-            lease = ""
-            raise
-        finally:
-            if lease:
-                await self._drop_lease(lease)
-        dt = max(time.monotonic() - t0, 1e-6)
-        for w in rep.warnings:
-            self.log.warning("%s: %s", path, w)
-        self.stats["bytes_imported"] += rep.bytes_read
-        self.stats["bytes_sent"] += rep.bytes_sent
-        self.stats["images_imported"] += len(rep.images)
-        self.stats["files_imported"] += 1
-        self.log.info(
-            "Imported %s: %d image(s), %s read, %s sent, %d of %d blobs present, %d layer(s) "
-            "unpacked in %.2fs (%.1f MB/s; ingest %.2fs, unpack %.2fs)",
-            path,
-            len(rep.images),
-            _mb(rep.bytes_read),
-            _mb(rep.bytes_sent),
-            rep.blobs_present,
-            rep.blobs,
-            rep.layers_unpacked,
-            dt,
-            rep.bytes_read / dt / 1e6,
-            rep.ingest_seconds,
-            rep.unpack_seconds,
-        )
-        self.stats["import_seconds"] += dt
-        return FileImages("tar", tuple((i.name, i.target.digest, i.refs) for i in rep.images))
-
-    async def _drop_lease(self, lease: str, sync: bool = False) -> None:
-        try:
-            await self.client.delete_lease(lease, sync=sync)
-        except ConsumerError:
-            self._stale_leases.add(lease)  # containerd is away; dropped before the next import
-
-    async def _drop_stale_leases(self) -> None:
-        # sync: containerd collects what the failed import left (partial ingests) right away.
-        for lease in list(self._stale_leases):
-            await self.client.delete_lease(lease, sync=True)
-            self._stale_leases.discard(lease)
 
     async def _list(self, path: Path, shown: str, change: Change) -> Result:
         decision, stop = await self.gate.check(change, shown, None, self._previous(path))
@@ -473,7 +392,8 @@ class ContainerdImagesConsumer(BaseConsumer):
         if res.failed:
             return Retry(f"{path}: " + "; ".join(res.failed))
         old = state_of(self.ctx.records[path].data) if path in self.ctx.records else None
-        await self._settle(path, st.refs, old.refs - st.refs if old is not None else set(), namespace=CRI_NAMESPACE)
+        dropped = old.refs - st.refs if old is not None else set()
+        await self.holdings.settle(path, st.refs, dropped, namespace=CRI_NAMESPACE)
         return Ack(with_check(st.to_json(), decision))
 
     # -- deleted -------------------------------------------------------------------------------
@@ -481,98 +401,9 @@ class ContainerdImagesConsumer(BaseConsumer):
         rec = self.ctx.records.get(path)
         st = state_of(rec.data) if rec is not None else None
         ns = CRI_NAMESPACE if st is not None and st.kind == "list" else None
-        await self._settle(path, set(), st.refs if st is not None else set(), namespace=ns)
+        await self.holdings.settle(path, set(), st.refs if st is not None else set(), namespace=ns)
         return Ack(None)
 
-    def _held_elsewhere(self, but: Path) -> set[str]:
-        """Image names some file other than ``but`` holds now (in-flight results included)."""
-        held: set[str] = set()
-        for p, rec in self.ctx.records.items():
-            if p != but and p not in self._held:
-                st = state_of(rec.data)
-                if st is not None:
-                    held |= st.refs
-        for p, refs in self._held.items():
-            if p != but:
-                held |= refs
-        return held
-
-    async def _settle(self, path: Path, now: set[str], dropped: set[str], namespace: str | None = None) -> None:
-        """Record what ``path`` holds now, then release what it dropped and nobody else holds."""
-        async with self._release_lock:
-            self._held[path] = now
-            await self._release(path, dropped, namespace=namespace)
-
-    async def _release(self, path: Path, refs: set[str], namespace: str | None = None) -> None:
-        """Apply ``on_delete`` to ``refs`` that no other file holds (call under the release lock)."""
-        gone = sorted(refs - self._held_elsewhere(path))
-        if not gone or self.settings.on_delete == "keep":
-            return
-        for ref in gone:
-            if self.settings.on_delete == "remove":
-                await self.client.delete_image(ref, namespace=namespace)
-            else:
-                await self.client.set_image_labels(ref, {PIN_LABEL: None, SOURCE_LABEL: None}, namespace=namespace)
-        self.log.info(
-            "Released %d image record(s) of %s (%s): %s", len(gone), path, self.settings.on_delete, ", ".join(gone)
-        )
-
-    # -- start-up check ------------------------------------------------------------------------
     async def _check_records(self) -> None:
         """Wait for containerd, then re-pin or re-import what recorded files produced."""
-        backoff, attempt = Backoff(0.5, 30.0), 0
-        while True:
-            try:
-                await self.client.version()
-                redo = await self.images_to_restore()
-                if redo:
-                    self.log.warning("Images of %d file(s) are missing or changed in containerd; importing again: %s",
-                                     len(redo), ", ".join(map(str, redo)))
-                    self.ctx.trigger(redo)
-                self.verified.set()
-                return
-            except TransientError as exc:
-                self.log.warning("Failed to check recorded images (will retry): %s", exc)
-                attempt += 1
-                await asyncio.sleep(backoff.delay(attempt))
-
-    async def _delete_own_leases(self) -> None:
-        """Delete leases an earlier run of this consumer left behind (crash mid-import)."""
-        for lease, labels in await self.client.list_leases():
-            if labels.get(LEASE_LABEL) == self.name and labels.get(INSTANCE_LABEL) != self._instance:
-                self.log.info("Deleting lease %s left by an interrupted import", lease)
-                await self.client.delete_lease(lease, sync=True)
-
-    async def _drift_of(self, st: FileImages) -> list[tuple[str, str, str | None]]:
-        """How a file's images differ in containerd from what it recorded: (ref, why, namespace), read-only.
-
-        ``why`` is ``unpinned`` when only the pin is missing (put back in place), else the image is gone
-        or changed (the file must be handled again).
-        """
-        ns = CRI_NAMESPACE if st.kind == "list" else None
-        out: list[tuple[str, str, str | None]] = []
-        for name, digest, refs in st.images:
-            if st.kind == "list" and (image_id := await self.client.cri_image_id(name)) != digest:
-                out.append((name, "deleted" if image_id is None else f"is {image_id}, not {digest}", ns))
-                continue
-            for ref in refs:
-                img = await self.client.get_image(ref, namespace=ns)
-                if img is None:
-                    out.append((ref, "deleted", ns))
-                elif st.kind == "tar" and img.target.digest != digest:
-                    out.append((ref, f"points at {img.target.digest}, not {digest}", ns))
-                elif self.settings.pin and img.labels.get(PIN_LABEL) != "pinned":
-                    out.append((ref, "unpinned", ns))
-        return out
-
-    async def _intact(self, path: Path, st: FileImages) -> bool:
-        """Whether a file's images are all there (missing pins are put back here, as the only repair needed)."""
-        intact = True
-        for ref, why, ns in await self._drift_of(st):
-            if why != "unpinned":
-                intact = False
-                continue
-            await self.client.set_image_labels(ref, {PIN_LABEL: "pinned", SOURCE_LABEL: str(path)}, namespace=ns)
-            self.stats["pins_restored"] += 1
-            self.log.info("Restored pin of %s (from %s)", ref, path)
-        return intact
+        await self.restorer.check_records(self.ctx.trigger, self.verified)
