@@ -37,6 +37,7 @@ from ._guard import HostsGuard
 from ._inputs import FOLLOW_INSIDE, FOLLOW_ROOT_OWNED, Inputs, Outcome, evaluate, read_snapshot
 from ._model import Diagnostic
 from ._notify import Notifier, NotifyError
+from ._render import Rendered
 from ._write import HOSTS_FILE, ApplyResult, Step, apply, decide, read_hosts_file
 
 __all__ = ["MAX_FILE_SIZE", "RegistryMirrorsConsumer", "Settings"]
@@ -199,13 +200,28 @@ class RegistryMirrorsConsumer(BaseConsumer):
         outcome = evaluate(inputs, snap)
         self.stats["reloads"] += 1
         if outcome.rendered is None:
-            self.stats["reload_failures"] += 1
-            self.stats["config_valid"] = 0
-            for diags in outcome.errors.values():
-                for d in diags:
-                    self.log.error("Failed to load %s: %s; the last good hosts.toml files stay", d.path, d)
+            self._failed(outcome)
             return outcome, None
         rendered = outcome.rendered
+        result, applied = await self._write(rendered, handed)
+        outcome = await self._report(outcome, rendered, result, applied)
+        await self._notify(applied, result)
+        return outcome, result
+
+    def _failed(self, outcome: Outcome) -> None:
+        """An input does not load: nothing is written (the last good files stay); count and log why."""
+        self.stats["reload_failures"] += 1
+        self.stats["config_valid"] = 0
+        for diags in outcome.errors.values():
+            for d in diags:
+                self.log.error("Failed to load %s: %s; the last good hosts.toml files stay", d.path, d)
+
+    async def _write(self, rendered: Rendered, handed: Collection[Path]) -> tuple[ApplyResult, dict[str, str]]:
+        """Write the rendered files (held removals kept, drift reclaimed as ``drift`` says); what was applied.
+
+        Raises:
+            TransientError: ``hosts_dir`` cannot be written.
+        """
         hosts_dir = self.settings.hosts_dir
         kept = await asyncio.to_thread(self._kept_hosts)
         if kept - rendered.files.keys() and kept != self._kept:
@@ -230,6 +246,13 @@ class RegistryMirrorsConsumer(BaseConsumer):
         applied = {name: text for name, text in rendered.files.items() if name not in result.invalid}
         # Refused (invalid) or left alone (another tool's file): not reloadd's, neither guarded nor reclaimed.
         self._expected = {n: w for n, w in self._expected.items() if n in applied and n not in result.skipped}
+        return result, applied
+
+    async def _report(
+        self, outcome: Outcome, rendered: Rendered, result: ApplyResult, applied: Mapping[str, str]
+    ) -> Outcome:
+        """Count and log what a write did (each warning said once, not on every reload); the outcome with
+        the hosts that could not be rendered."""
         if result.invalid:
             self.stats["reload_failures"] += 1
             outcome = _with_invalid_output(outcome, result.invalid)
@@ -246,7 +269,7 @@ class RegistryMirrorsConsumer(BaseConsumer):
         self.stats["files_written"] += len(result.written)
         self.stats["files_removed"] += len(result.removed)
         messages = [str(w) for w in rendered.warnings] + list(result.skipped.values())
-        messages += await asyncio.to_thread(shadowing, hosts_dir, self._roots_before, applied)
+        messages += await asyncio.to_thread(shadowing, self.settings.hosts_dir, self._roots_before, applied)
         if frozenset(messages) != self._last_warnings:  # say each warning once, not on every reload
             for message in messages:
                 if message not in self._last_warnings:
@@ -255,10 +278,14 @@ class RegistryMirrorsConsumer(BaseConsumer):
         if result.changed:
             self.log.info(
                 "Applied registry mirrors in %s: wrote %s, removed %s",
-                hosts_dir,
+                self.settings.hosts_dir,
                 ", ".join(result.written) or "nothing",
                 ", ".join(result.removed) or "nothing",
             )
+        return outcome
+
+    async def _notify(self, applied: Mapping[str, str], result: ApplyResult) -> None:
+        """Run the ``notify`` command when files changed or it has not yet succeeded for what is applied."""
         digest = _files_digest(applied)
         if self.settings.notify.enabled and (result.changed or digest != self._notified):
             try:
@@ -269,7 +296,6 @@ class RegistryMirrorsConsumer(BaseConsumer):
             else:
                 self._notified = digest
                 await asyncio.to_thread(_write_text, self._notified_file, digest)
-        return outcome, result
 
     def _ask_for_unreported(self, outcome: Outcome, handed: set[Path]) -> None:
         """Have the engine hand over broken inputs it has not seen fail, so they get a Reject."""

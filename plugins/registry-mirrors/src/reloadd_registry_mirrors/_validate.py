@@ -117,57 +117,68 @@ def _convert_v1(raw: RawFile) -> None:
 
 
 def _post_process_registries(raw: RawFile, warnings: list[Diagnostic]) -> list[Registry]:
-    path = raw.path
-    checked: list[Registry] = []
-    for reg in raw.registries:
-        entry = reg.entry
-        location = _parse_location(reg.location, path, entry)
-        if reg.prefix == "":
-            if location == "":
-                raise InputError.at(path, entry, "invalid condition: both location and prefix are unset")
-            prefix = location
-        else:
-            prefix = _parse_location(reg.prefix, path, entry)
-            if not prefix.startswith("*.") and location == "":
-                raise InputError.at(
-                    path,
-                    entry,
-                    "invalid condition: location is unset and prefix is not in the format: *.example.com",
-                )
-        if reg.pull_from_mirror:
-            raise InputError.at(path, entry, f'pull-from-mirror must not be set for a non-mirror registry "{prefix}"')
-        mirrors = []
-        for j, raw_mirror in enumerate(reg.mirrors, start=1):
-            mentry = f"{entry} mirror #{j}"
-            mlocation = _parse_location(raw_mirror.location, path, mentry)
-            if mlocation == "":
-                raise InputError.at(path, mentry, "invalid condition: mirror location is unset")
-            pfm = raw_mirror.pull_from_mirror
-            if reg.mirror_by_digest_only and pfm:
-                raise InputError.at(
-                    path,
-                    mentry,
-                    f'cannot set mirror usage mirror-by-digest-only for the registry ("{prefix}") '
-                    f'and pull-from-mirror for per-mirror ("{mlocation}") at the same time',
-                )
-            if pfm and pfm not in PULL_FROM_MIRROR_VALUES:
-                raise InputError.at(
-                    path, mentry, f'unsupported pull-from-mirror value "{pfm}" for mirror "{mlocation}"'
-                )
-            mirrors.append(Mirror(mlocation, raw_mirror.insecure, pfm))
-        checked.append(
-            Registry(
-                prefix=prefix,
-                location=location,
-                insecure=reg.insecure,
-                blocked=reg.blocked,
-                mirror_by_digest_only=reg.mirror_by_digest_only,
-                mirrors=tuple(mirrors),
-                source=path,
-                entry=entry,
+    """``postProcessRegistries``: each entry checked, then the entries checked against each other."""
+    checked = [_registry(reg, raw.path) for reg in raw.registries]
+    _check_conflicts(checked, raw.path)
+    return _first_per_prefix(checked, raw.path, warnings)
+
+
+def _registry(reg: RawRegistry, path: Path) -> Registry:
+    """One ``[[registry]]`` entry: its prefix (the location when unset) and its mirrors checked."""
+    entry = reg.entry
+    location = _parse_location(reg.location, path, entry)
+    if reg.prefix == "":
+        if location == "":
+            raise InputError.at(path, entry, "invalid condition: both location and prefix are unset")
+        prefix = location
+    else:
+        prefix = _parse_location(reg.prefix, path, entry)
+        if not prefix.startswith("*.") and location == "":
+            raise InputError.at(
+                path,
+                entry,
+                "invalid condition: location is unset and prefix is not in the format: *.example.com",
             )
-        )
-    # Entries for the same location (or wildcard prefix) must agree on insecure and blocked.
+    if reg.pull_from_mirror:
+        raise InputError.at(path, entry, f'pull-from-mirror must not be set for a non-mirror registry "{prefix}"')
+    return Registry(
+        prefix=prefix,
+        location=location,
+        insecure=reg.insecure,
+        blocked=reg.blocked,
+        mirror_by_digest_only=reg.mirror_by_digest_only,
+        mirrors=tuple(_mirrors(reg, prefix, path)),
+        source=path,
+        entry=entry,
+    )
+
+
+def _mirrors(reg: RawRegistry, prefix: str, path: Path) -> list[Mirror]:
+    """A registry's ``[[registry.mirror]]`` entries: a location each, ``pull-from-mirror`` consistent."""
+    mirrors = []
+    for j, raw_mirror in enumerate(reg.mirrors, start=1):
+        mentry = f"{reg.entry} mirror #{j}"
+        mlocation = _parse_location(raw_mirror.location, path, mentry)
+        if mlocation == "":
+            raise InputError.at(path, mentry, "invalid condition: mirror location is unset")
+        pfm = raw_mirror.pull_from_mirror
+        if reg.mirror_by_digest_only and pfm:
+            raise InputError.at(
+                path,
+                mentry,
+                f'cannot set mirror usage mirror-by-digest-only for the registry ("{prefix}") '
+                f'and pull-from-mirror for per-mirror ("{mlocation}") at the same time',
+            )
+        if pfm and pfm not in PULL_FROM_MIRROR_VALUES:
+            raise InputError.at(
+                path, mentry, f'unsupported pull-from-mirror value "{pfm}" for mirror "{mlocation}"'
+            )
+        mirrors.append(Mirror(mlocation, raw_mirror.insecure, pfm))
+    return mirrors
+
+
+def _check_conflicts(checked: list[Registry], path: Path) -> None:
+    """Entries for the same location (or wildcard prefix) must agree on insecure and blocked."""
     groups: dict[str, list[Registry]] = {}
     for done in checked:
         groups.setdefault(done.location or done.prefix, []).append(done)
@@ -180,7 +191,10 @@ def _post_process_registries(raw: RawFile, warnings: list[Diagnostic]) -> list[R
                         other.entry,
                         f"registry '{done.location}' is defined multiple times with conflicting '{attr}' setting",
                     )
-    # Within one file the first entry for a prefix wins; upstream drops the rest silently.
+
+
+def _first_per_prefix(checked: list[Registry], path: Path, warnings: list[Diagnostic]) -> list[Registry]:
+    """Within one file the first entry for a prefix wins; upstream drops the rest silently (we warn)."""
     unique: dict[str, Registry] = {}
     for done in checked:
         if done.prefix in unique:
