@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from reloadd import ConsumerContext
 
-from ._consumer import RegistryMirrorsConsumer, Settings
+from ._config import Settings
+from ._consumer import RegistryMirrorsConsumer
 from ._hosts import is_valid_host
 from ._inputs import Inputs, Outcome, Snapshot, evaluate, read_snapshot
 from ._merge import merge
