@@ -86,23 +86,36 @@ def open_drop_in(path: Path, inside: Path, follow: str, flags: int, outside: lis
                     os.close(fd)
             where = where / name
             if hops and not where.is_relative_to(start):
-                if follow != FOLLOW_ROOT_OWNED:
-                    raise Refused(f"symlink points outside {inside} (to {where}); refused")
-                if not_root is not None:
-                    raise Refused(
-                        f"symlink {not_root} (on the way to {where}) is owned by uid {link_owner}, not root; refused"
-                    )
+                _allow_outside(where, inside, follow, not_root, link_owner)
                 outside.append(where)
-            try:
-                opened = os.open(name, flags | os.O_NOFOLLOW, dir_fd=dirfd)
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:  # the name became a symlink since it was checked
-                    raise Refused(f"{where} changed while it was being checked; refused") from exc
-                raise
-            now = os.fstat(opened)
-            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-                os.close(opened)
-                raise Refused(f"{where} changed while it was being checked; refused")
-            return opened
+            return _open_checked(name, dirfd, flags, where, st)
     finally:
         os.close(dirfd)
+
+
+def _allow_outside(where: Path, inside: Path, follow: str, not_root: Path | None, link_owner: int) -> None:
+    """Refuse a drop-in resolved to ``where``, outside ``inside``, unless ``follow`` allows it and every link
+    on the way was root's (``not_root``: the first that was not, owned by ``link_owner``)."""
+    if follow != FOLLOW_ROOT_OWNED:
+        raise Refused(f"symlink points outside {inside} (to {where}); refused")
+    if not_root is not None:
+        raise Refused(f"symlink {not_root} (on the way to {where}) is owned by uid {link_owner}, not root; refused")
+
+
+def _open_checked(name: str, dirfd: int, flags: int, where: Path, st: os.stat_result) -> int:
+    """Open ``name`` in ``dirfd`` with ``flags``, only if it is still the inode ``st`` that was checked.
+
+    Raises:
+        Refused: it became a symlink or another file since (named by ``where``).
+    """
+    try:
+        opened = os.open(name, flags | os.O_NOFOLLOW, dir_fd=dirfd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # the name became a symlink since it was checked
+            raise Refused(f"{where} changed while it was being checked; refused") from exc
+        raise
+    now = os.fstat(opened)
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+        os.close(opened)
+        raise Refused(f"{where} changed while it was being checked; refused")
+    return opened
