@@ -209,7 +209,8 @@ def test_the_core_reads_consumers_only_through_the_declared_contract() -> None:
 
 def test_plan_uses_the_change_decisions_not_the_engine() -> None:
     graph = import_graph()
-    assert "reloadd._pipeline._engine" not in graph["reloadd._pipeline._plan"]
-    for user in ("reloadd._pipeline._engine", "reloadd._pipeline._queue", "reloadd._pipeline._plan",
-                 "reloadd._pipeline._aggregator"):
+    for part in ("_engine", "_intake", "_rescans", "_settle"):  # the engine and its parts
+        assert f"reloadd._pipeline.{part}" not in graph["reloadd._pipeline._plan"], part
+    for user in ("reloadd._pipeline._rescans", "reloadd._pipeline._settle", "reloadd._pipeline._queue",
+                 "reloadd._pipeline._plan", "reloadd._pipeline._aggregator"):
         assert "reloadd._pipeline._changes" in graph[user], user

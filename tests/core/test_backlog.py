@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from reloadd._pipeline import _engine
+from reloadd._pipeline import _settle
 from reloadd._pipeline._aggregator import Aggregator
 from reloadd._pipeline._scan import Probe
 from reloadd._source import EventKind, SourceContext, WatchRoot, file_event
@@ -38,16 +38,16 @@ for i in range(n):
 
 def _slow_settling(monkeypatch: pytest.MonkeyPatch, backlog: int, step: int, pause: float) -> None:
     """Settle ``step`` paths a step, each step ``pause`` seconds longer: a writer outruns it."""
-    monkeypatch.setattr(_engine, "_BACKLOG", backlog)
-    monkeypatch.setattr(_engine, "_STEP", step)
-    monkeypatch.setattr(_engine, "_FEED_MAX", step)
-    probe_all = _engine.probe_all
+    monkeypatch.setattr(_settle, "_BACKLOG", backlog)
+    monkeypatch.setattr(_settle, "_STEP", step)
+    monkeypatch.setattr(_settle, "_FEED_MAX", step)
+    probe_all = _settle.probe_all
 
     def slow(jobs: Sequence[Any], reads: list[bool], limit: int) -> tuple[list[Probe], dict[Any, str | None]]:
         time.sleep(pause)
         return probe_all(jobs, reads, limit)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_engine, "probe_all", slow)
+    monkeypatch.setattr(_settle, "probe_all", slow)
 
 
 async def test_a_burst_written_faster_than_it_settles_is_read_as_it_settles(
@@ -115,7 +115,7 @@ async def test_a_source_reading_ahead_of_the_pump_is_held_back_until_the_pump_ta
     is handed in and not taken, there is no room, even though the last settling step took all that was due (a
     100,000-file modify burst had ~74,000 events handed in at once that way: a peak of settling objects that
     stayed behind as +20 MiB of fragmented memory); room again as soon as the pump takes them."""
-    monkeypatch.setattr(_engine, "_BACKLOG", 64)
+    monkeypatch.setattr(_settle, "_BACKLOG", 64)
     root = tmp_path / "root"
     root.mkdir()
     rec = recorder_cls([root])

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reloadd._pipeline._engine import _ON_LOOP, _SMALL
 from reloadd._pipeline._scan import probe, probe_read
+from reloadd._pipeline._settle import _ON_LOOP, _SMALL
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,7 @@ import pytest
 
 from reloadd import ConfigError, Reloader, Retry, parse_config
 from reloadd._ops._terminal import format_status
-from reloadd._pipeline import _engine
+from reloadd._pipeline import _settle
 
 from ..conftest import config_for
 
@@ -144,8 +144,8 @@ async def test_group_mates_found_at_start_up_arrive_in_one_batch_though_taken_in
     root.mkdir()
     for name in ("a.conf", "tls.crt", "b.conf", "tls.key", "c.conf", "d.conf"):
         (root / name).write_text(name)
-    monkeypatch.setattr(_engine, "_STEP", 1)
-    monkeypatch.setattr(_engine, "_FEED_MAX", 1)  # one finding taken in, and one path settled, per turn
+    monkeypatch.setattr(_settle, "_STEP", 1)
+    monkeypatch.setattr(_settle, "_FEED_MAX", 1)  # one finding taken in, and one path settled, per turn
     rec = recorder_cls([root], name="tls", group=(("tls.crt", "tls.key"),))
     async with Reloader(config_for(tmp_path, state_dir=""), consumers=[rec]) as r:
         await r.wait_idle(10)

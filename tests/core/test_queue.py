@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from reloadd import Ack, ChangeKind, Reject, Reloader, Retry
-from reloadd._pipeline import _engine
+from reloadd._pipeline import _settle
 from reloadd._pipeline._aggregator import Aggregator
 
 from ..conftest import config_for
@@ -245,7 +245,7 @@ async def test_a_big_start_up_pass_takes_its_findings_in_a_settling_step_at_a_ti
     names = [f"f{i:05d}" for i in range(6000)]
     for name in names:
         (root / name).write_text(name)
-    monkeypatch.setattr(_engine, "_FEED_MAX", 1024)
+    monkeypatch.setattr(_settle, "_FEED_MAX", 1024)
     held: list[int] = []
     observe = Aggregator.observe
 
