@@ -44,8 +44,8 @@ from ._outcomes import result_of
 from ._pipeline._changes import unchanged
 from ._provides import Providing, Provision, ProvisionState
 from ._source import Coverage, Drift, EventKind, Source, SourceContext, SourceEvent, WatchRoot
+from ._state._atomic import atomic_write
 from ._state._persisted import set_aside
-from ._state._records import atomic_write
 from ._types import (
     Ack,
     Batch,

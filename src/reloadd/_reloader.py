@@ -7,6 +7,9 @@
 does the same from a plain function. Nothing process-global is touched unless asked:
 signal handlers are installed only with ``install_signal_handlers=True`` (the CLI does),
 and the previous handlers come back on close.
+
+This module is the Reloader's public side (its lifecycle, triggers and status); how it is wired (each
+consumer's queue and callbacks, the sources and their contexts) is its base, :class:`reloadd._wiring.Wiring`.
 """
 
 from __future__ import annotations
@@ -21,37 +24,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._config import Config, ConsumerConfig
-from ._consumer import Consumer, HealthReporting, SourceProvider
-from ._errors import ConfigError, WatchLimitError
+from ._consumer import Consumer
+from ._errors import ConfigError
 from ._observe import pipeline_snapshot
-from ._order import check_after, group_matcher
+from ._order import check_after
 from ._pipeline._aggregator import Aggregator, Timing
 from ._pipeline._building import (
     PrivateDirs,
-    RemovalHeld,
-    Trigger,
     arrives_at_once,
     bind,
     build_consumer,
     embedded_config,
-    group_function,
-    owner_test,
-    path_filter,
     records_for,
     share_provisions,
 )
-from ._pipeline._drift import DriftBook
-from ._pipeline._engine import Engine, Force, Slot
+from ._pipeline._engine import Engine
 from ._pipeline._memory import give_back
-from ._pipeline._plugins import SOURCE_GROUP, load
-from ._pipeline._prune import PruneGuard
-from ._pipeline._queue import WorkQueue
-from ._pipeline._supervisor import supervise
 from ._snapshot import Snapshot
-from ._source import EventKind, Source, SourceContext, SourceEvent, WatchRoot
-from ._state._records import RecordStore, lock_state_dir
-from ._types import DriftMode, Reason
+from ._source import EventKind, Source, SourceEvent
+from ._state._atomic import lock_state_dir
+from ._state._records import RecordStore
 from ._watch import Watch, WatchState
+from ._wiring import Pump, SourceFactory, Wiring
 
 if TYPE_CHECKING:
     from ._ops._services import Services
@@ -60,13 +54,11 @@ __all__ = ["Reloader"]
 
 log = logging.getLogger("reloadd")
 
-SourceFactory = Callable[[SourceContext], Source]
-
 _TRIM_AFTER = 10_000  # paths handed over since the last trim that make the next idle spell trim
 _TRIM_DELAY = 1.0  # seconds the reloader must stay idle first
 
 
-class Reloader:
+class Reloader(Wiring):
     """Watch the configured folders and keep every consumer in step.
 
     Args:
@@ -132,88 +124,6 @@ class Reloader:
         if self._started:
             raise RuntimeError("add_consumer() must be called before the reloader starts")
         self._extra.append(consumer)
-
-    def _trigger_for(self, name: str) -> Trigger:
-        def trigger(paths: Iterable[Path] | None) -> None:
-            forced = None if paths is None else tuple(Path(p) for p in paths)
-            self._call_in_loop(self._force, name, forced, Reason.TRIGGER)
-
-        return trigger
-
-    def _removal_held_for(self, name: str) -> RemovalHeld:
-        def removal_held(path: Path) -> str | None:
-            engine = self._engine
-            slot = engine.slots.get(name) if engine is not None else None
-            return slot.queue.guard.removal_held(path) if slot is not None else None
-
-        return removal_held
-
-    def _slot(self, consumer: Consumer, records: RecordStore, cc: ConsumerConfig) -> Slot:
-        filt = path_filter(consumer, cc)
-
-        group_of = group_function(consumer) or group_matcher(cc.group, filt.roots)
-        name = consumer.name
-        self._groups[name] = cc.group
-        drift = DriftBook(name, cc.drift)
-        queue = WorkQueue(
-            consumer, records, concurrency=consumer.concurrency, on_change=self._notify, clock=self._clock,
-            waits_for=self._waits_for(name, cc.after) if cc.after else None,
-            group_of=group_of,
-            group_settling=self._group_settling(name, group_of) if group_of is not None else lambda g: False,
-            group_label=lambda g: self._group_label(name, g),
-            guard=PruneGuard(filt, records.by_str, owner_test(consumer, filt), records.directory,
-                             health=records.health),
-            drift=drift,
-            upstream=lambda: self._engine is not None and self._engine.holds(name),
-        )
-        return Slot(consumer, filt, records, queue, drift)
-
-    def _waits_for(self, name: str, after: tuple[str, ...]) -> Callable[[], tuple[str, ...]]:
-        def busy() -> tuple[str, ...]:
-            engine = self._engine
-            if engine is None:
-                return ()
-            waiting = []
-            for n in after:
-                if engine.holds(n) or engine.slots[n].queue.has_fresh_work() or _health_settling(
-                        engine.slots[n].consumer):
-                    waiting.append(n)
-                elif engine.agg.holds(n):  # only paths held past max_delay: go ahead, and say so
-                    self._passing(name, n, "consumer", engine.held_long(n))
-            return tuple(waiting)
-
-        return busy
-
-    def _health_changed(self) -> None:
-        """A consumer's health changed (see :class:`~reloadd.HealthReporting`): its ``after`` dependents look again."""
-        self._call_in_loop(self._notify)
-
-    def _group_settling(self, name: str, group_of: Callable[[Path], str | None]) -> Callable[[str], bool]:
-        def settling(group: str) -> bool:
-            engine = self._engine
-            if engine is None:
-                return False
-            if engine.holds_any(name, lambda p: group_of(p) == group):
-                return True
-            mates = [h for h in engine.held_long(name) if group_of(Path(h[0])) == group]
-            if mates:
-                self._passing(name, name, f"group {self._group_label(name, group)} mate", mates)
-            return False
-
-        return settling
-
-    def _passing(self, name: str, holder: str, what: str, held: list[tuple[str, str, float]]) -> None:
-        """Consumer ``name`` no longer waits for these paths held past max_delay: one WARNING per path."""
-        for path, why, seconds in held:
-            if (name, path) not in self._passed:
-                self._passed.add((name, path))
-                log.warning("Consumer %s goes ahead without %s %s (%s): %s for %.0fs, longer than max_delay",
-                            name, what, path, holder, why, seconds)
-
-    def _group_label(self, name: str, group: str) -> str:
-        """A group named by its globs (``tls.crt + tls.key``), not by its index."""
-        globs = self._groups.get(name, ())
-        return " + ".join(globs[int(group)]) if group.isdigit() and int(group) < len(globs) else group
 
     # Lifecycle ---------------------------------------------------------------------
     async def __aenter__(self) -> Reloader:
@@ -298,7 +208,7 @@ class Reloader:
                 raise
         for slot in slots:
             self._tasks.append(asyncio.create_task(slot.queue.run(), name=f"reloadd-queue-{slot.name}"))
-        self._tasks.append(asyncio.create_task(self._supervise("pump", lambda ctx: _Pump(engine)),
+        self._tasks.append(asyncio.create_task(self._supervise("pump", lambda ctx: Pump(engine)),
                                                name="reloadd-pump"))
         for name, factory in [*self._sources(), *self._far_side_sources(slots)]:
             self._tasks.append(asyncio.create_task(self._supervise(name, factory), name=f"reloadd-{name}"))
@@ -311,73 +221,6 @@ class Reloader:
         else:
             self.watch = Watch(WatchState.RESCAN_ONLY, "injected sources")
         engine.emit(SourceEvent(EventKind.RESCAN, None, "startup"))
-
-    def _sources(self) -> list[tuple[str, SourceFactory]]:
-        if self._source_factories is not None:
-            return [(getattr(f, "name", f"source{i}"), f) for i, f in enumerate(self._source_factories)]
-        names = (["inotify"] if self.config.inotify else []) + ["rescan"]
-        if self._signals:
-            names.append("signal")
-        return [(n, load(SOURCE_GROUP, n)) for n in names]
-
-    def _far_side_sources(self, slots: list[Slot]) -> list[tuple[str, SourceFactory]]:
-        """Sources the consumers contribute (``SourceProvider``), named ``<consumer>/<source>``."""
-        out: list[tuple[str, SourceFactory]] = []
-        for slot in slots:
-            if not isinstance(slot.consumer, SourceProvider) or slot.drift.mode is DriftMode.OFF:
-                continue
-            for i, factory in enumerate(slot.consumer.sources()):
-                name = getattr(factory, "name", None) or getattr(getattr(factory, "func", None), "name", f"source{i}")
-                out.append((f"{slot.name}/{name}", factory))
-        return out
-
-    def _source_context(self, name: str | None = None) -> SourceContext:
-        assert self._engine is not None
-        roots: dict[Path, WatchRoot] = {}
-        for slot in self._engine.slots.values():
-            for r in slot.filter.roots:
-                prev = roots.get(r)
-                roots[r] = WatchRoot(r, slot.filter.recursive or (prev.recursive if prev else False))
-        return SourceContext(
-            roots=tuple(roots.values()),
-            emit=self._engine.emit,
-            rescan_interval=self.config.rescan_interval,
-            logger=logging.getLogger("reloadd.source"),
-            degraded=lambda reason: self._degraded(reason, name),
-            coverage=self._engine.coverage,
-            emit_all=self._engine.emit_all,
-            room=self._engine.room,
-        )
-
-    def _degraded(self, reason: str | None, source: str | None = None) -> None:
-        self._armed.set()  # armed as far as the kernel allows: the start-up walk may go
-        if source in self._rebuilt and self._engine is not None:
-            # A watch rebuilt after a failure is armed: walk once more. The walk asked for at the failure
-            # ran while nothing watched; a change made after it and before this arming is seen by neither.
-            self._rebuilt.discard(source)
-            self._engine.emit(SourceEvent(EventKind.RESCAN, None, "supervisor"))
-        if reason is None:
-            self.watch = Watch(WatchState.ARMED)
-        else:
-            self.watch = Watch(WatchState.DEGRADED, reason)
-        self._notify()
-
-    async def _supervise(self, name: str, factory: SourceFactory) -> None:
-        """Run one source forever; rebuild it after any failure, then rescan everything."""
-
-        def on_limit(exc: WatchLimitError, first: bool) -> None:
-            if first and self.watch.state is not WatchState.DEGRADED:
-                log.error("%s", exc)
-            self._degraded(str(exc))
-
-        def rescan() -> None:
-            if self._engine is not None:
-                self._engine.emit(SourceEvent(EventKind.RESCAN, None, "supervisor"))
-                self._rebuilt.add(name)  # ...and once more when its new watch reports itself armed (``_degraded``)
-
-        live: dict[str, Any] = self._live
-        await supervise(name, lambda: factory(self._source_context(name)), live=live, on_limit=on_limit,
-                        rescan=rescan)
 
     async def serve(self) -> None:
         """Run until :meth:`stop` is called, then shut down gracefully."""
@@ -429,11 +272,6 @@ class Reloader:
         await self._ops_stack.aclose()
 
     # Control -----------------------------------------------------------------------
-    def _force(self, consumer: str | None, paths: Iterable[Path] | None, reason: Reason = Reason.SIGNAL) -> None:
-        if self._engine is None:
-            return
-        self._engine.emit(Force(consumer, tuple(Path(p) for p in paths) if paths is not None else None, reason))
-
     def trigger(self, paths: Iterable[str | Path] | None = None) -> None:
         """Hand paths (every path when ``None``) to their consumers again, forced.
 
@@ -469,18 +307,6 @@ class Reloader:
             raise KeyError(f"no consumer named {consumer!r} (have: {', '.join(sorted(slots))})")
         chosen = [slots[consumer]] if consumer is not None else list(slots.values())
         return sum(s.queue.confirm_prune() for s in chosen)
-
-    def _call_in_loop(self, fn: Callable[..., None], *args: object) -> None:
-        """Run ``fn`` now when on the reloader's loop, else hand it over thread-safely."""
-        loop = self._loop
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if loop is None or running is loop or loop.is_closed():
-            fn(*args)
-        else:
-            loop.call_soon_threadsafe(fn, *args)
 
     def _notify(self) -> None:
         """Something changed: wake the waiters and re-check the queues, once per turn of the loop.
@@ -625,26 +451,3 @@ class Reloader:
         if self._engine is None:
             raise RuntimeError("the reloader has not started")
         return self._engine
-
-
-class _Pump:
-    """The engine's pump as a source-like task, so the same supervisor restarts it."""
-
-    name = "pump"
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    async def run(self) -> None:
-        self.engine.busy = False
-        await self.engine.pump()
-
-
-def _health_settling(consumer: Consumer) -> bool:
-    """Whether ``consumer`` says what it delivered is still on its way to healthy (its ``after`` dependents wait)."""
-    if not isinstance(consumer, HealthReporting):
-        return False
-    try:
-        return consumer.health().settling
-    except Exception:  # a plugin bug must not stop the consumers after it for ever
-        return False

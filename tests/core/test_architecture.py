@@ -5,7 +5,7 @@ The layers, top to bottom, as docs/architecture.md draws them (a module may impo
 listed as below it here, nothing above):
 
 * **cli**: ``reloadd.cli``, ``reloadd.__main__``, ``reloadd._logging``
-* **facade**: ``reloadd`` (its ``__init__``), ``reloadd._reloader``, ``reloadd._observe``
+* **facade**: ``reloadd`` (its ``__init__``), ``reloadd._reloader``, ``reloadd._wiring``, ``reloadd._observe``
 * **ops**: ``reloadd._ops.*``: reads the contract (the ``Snapshot``) only
 * **pipeline**: ``reloadd._pipeline.*``: over state and the contract
 * **state**: ``reloadd._state.*``: over the contract
@@ -23,7 +23,7 @@ from pathlib import Path
 SRC = Path(__file__).parents[2] / "src" / "reloadd"
 DOC = Path(__file__).parents[2] / "docs" / "architecture.md"
 CLI = {"reloadd.cli", "reloadd.__main__", "reloadd._logging"}
-FACADE = {"reloadd", "reloadd._reloader", "reloadd._observe"}
+FACADE = {"reloadd", "reloadd._reloader", "reloadd._wiring", "reloadd._observe"}
 CONTRACT = {"reloadd._backoff", "reloadd._command", "reloadd._config", "reloadd._consumer", "reloadd._errors",
             "reloadd._filters", "reloadd._health", "reloadd._options", "reloadd._order", "reloadd._outcomes",
             "reloadd._provides", "reloadd._snapshot", "reloadd._source", "reloadd._suggest", "reloadd._types",

@@ -12,8 +12,9 @@ import reloadd
 from reloadd import ConfigError, Fingerprint, PathFilter, PathRecord, parse_duration
 from reloadd._config import load_config
 from reloadd._pipeline._aggregator import Aggregator, Timing
+from reloadd._state._atomic import atomic_write
 from reloadd._state._packed import pack_stat
-from reloadd._state._records import RecordStore, atomic_write
+from reloadd._state._records import RecordStore
 from reloadd._types import Reason
 
 K = ("c", Path("/r/f"))

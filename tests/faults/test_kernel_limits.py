@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from asyncinotify import Inotify, Mask
 
-from reloadd._sources import inotify as inotify_source
+from reloadd._sources import _inotify_reader as inotify_reader
 from tests.reliability import Reliability
 
 pytestmark = pytest.mark.timeout(120)
@@ -74,7 +74,7 @@ async def test_max_queued_events(tmp_path: Path, recorder_cls: Any, start_reload
     # The reader thread empties the kernel queue as fast as it fills, so a 64-event queue overflows
     # only when the reader is slower than the burst: its pause between reads of a burst is made
     # 0.5 s (instead of 4 ms) so the kernel, not luck, decides that it does.
-    monkeypatch.setattr(inotify_source, "_GATHER", 0.5)
+    monkeypatch.setattr(inotify_reader, "_GATHER", 0.5)
     root = tmp_path / "root"
     root.mkdir()
     rec = recorder_cls([root])
@@ -128,7 +128,7 @@ async def test_the_reader_finds_an_overflow_as_the_kernel_writes_it(tmp_path: Pa
         ino = Inotify()
     loop = asyncio.get_running_loop()
     woke = asyncio.Event()
-    reader = inotify_source._Reader(ino.fd, loop, woke.set)
+    reader = inotify_reader.Reader(ino.fd, loop, woke.set)
     try:
         ino.add_watch(root, Mask.CREATE)
         for i in range(64):
@@ -141,8 +141,8 @@ async def test_the_reader_finds_an_overflow_as_the_kernel_writes_it(tmp_path: Pa
         while (chunk := reader.take()) is not None:
             data += chunk
         assert reader.marked == 0
-        assert data.endswith(inotify_source._OVERFLOW_EVENT)  # 16 creates, then the overflow
-        assert len(data) == 16 * (inotify_source._HEADER.size + 16) + len(inotify_source._OVERFLOW_EVENT)
+        assert data.endswith(inotify_reader.OVERFLOW_EVENT)  # 16 creates, then the overflow
+        assert len(data) == 16 * (inotify_reader.HEADER.size + 16) + len(inotify_reader.OVERFLOW_EVENT)
     finally:
         await asyncio.to_thread(reader.stop)
         ino.close()

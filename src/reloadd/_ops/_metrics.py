@@ -51,11 +51,11 @@ import os
 import platform
 import re
 import resource
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._snapshot import EngineCounters, Pipeline, Snapshot
+from .._snapshot import ConsumerSnapshot, EngineCounters, Pipeline, Snapshot
 from .._watch import WatchState
 
 if TYPE_CHECKING:
@@ -182,110 +182,125 @@ class ReloaderCollector:
                        "handed over (one rescan_interval at most).", st.rescans_waited)
 
     def _consumer_families(self, snap: Snapshot) -> Iterator[Family]:
-        lab = ("consumer",)
-        gauge, counter = "gauge", "counter"
-        fam: dict[str, Family] = {
-            "info": Family("reloadd_consumer_info", gauge, "Configured consumers.", ("consumer", "plugin")),
-            "batches": Family("reloadd_consumer_batches", counter, "Batches handed to the consumer.", lab),
-            "results": Family("reloadd_consumer_results", counter, "Per-path results by outcome.",
-                              ("consumer", "outcome")),
-            "unchanged": Family("reloadd_consumer_changes_unchanged", counter,
-                                "Changes dropped because the content was unchanged.", lab),
-            "depth": Family("reloadd_consumer_queue_depth", gauge,
-                            "Paths waiting, including those in retry backoff.", lab),
-            "inflight": Family("reloadd_consumer_in_flight", gauge, "Paths being handled.", lab),
-            "failing": Family("reloadd_consumer_failing_paths", gauge,
-                              "Paths waiting for a retry after a transient failure.", lab),
-            "rejected": Family("reloadd_consumer_rejected_paths", gauge,
-                               "Paths whose last result was a permanent failure.", lab),
-            "age": Family("reloadd_consumer_oldest_pending_age_seconds", gauge,
-                          "Seconds the oldest waiting path has waited.", lab),
-            "last": Family("reloadd_consumer_last_success_timestamp_seconds", gauge,
-                           "Unix time of the last acknowledged path (0: never).", lab),
-            "stat": Family("reloadd_consumer_stat", gauge, "Plugin-specific counters and gauges.",
-                           ("consumer", "name")),
-            "prune": Family(
-                "reloadd_prune_held", gauge, "What held removals would remove (prune safety): objects, images or "
-                "files, as the consumer counts them; run `reloadd reload --confirm-prune` or bring the input back.",
-                lab),
-            "prune_paths": Family("reloadd_prune_held_paths", gauge, "Paths whose removal is held.", lab),
-            "leader": Family(
-                "reloadd_leader", gauge, "1 while the consumer may act: it holds its Lease (leader_elect) or needs "
-                "none; 0 while it stands by.", lab),
-            "drift": Family(
-                "reloadd_drift", counter, "Drift events the consumer's far-side sources saw (images removed, "
-                "objects edited, hosts.toml rewritten), per kind.", ("consumer", "kind")),
-            "drifted": Family(
-                "reloadd_drifted_paths", gauge, "Files whose declared state has drifted and is not restored "
-                "(detect mode, or a fight being backed off).", lab),
-            "werr": Family(
-                "reloadd_state_write_errors", counter, "Writes of the consumer's persisted state (records, held "
-                "removals) that failed: disk full, read-only, I/O error. It keeps delivering meanwhile.", lab),
-            "unpersisted": Family(
-                "reloadd_state_unpersisted_seconds", gauge, "Seconds since the consumer's state was last "
-                "persisted, while its writes fail (0 while persisted): a restart would hand over again what it "
-                "acknowledged since.", lab),
-            "aside": Family(
-                "reloadd_state_files_set_aside", counter, "State files found unreadable at start and moved aside "
-                "(named <file>.broken-<UTC time>); the consumer started from the safest assumption.", lab),
-            "objects": Family(
-                "reloadd_objects", gauge, "Objects the consumer delivered, by health (current, progressing, failed, "
-                "terminating), for consumers that track it (kube-manifests).", ("consumer", "health")),
-            "to_current": Family(
-                "reloadd_health_current_seconds", "histogram", "Seconds from a file's save to all its objects "
-                "being current.", lab),
-            "held": Family(
-                "reloadd_consumer_held_paths", gauge, "Paths settling for longer than max_delay (open for writing, "
-                "still growing): nothing waits for them any more; handed over at max_hold.", lab),
-        }
+        fam = _consumer_family_table()
         for c in sorted(snap.consumers, key=lambda c: c.name):
-            name = c.name
-            fam["info"].add((name, c.plugin), 1)
-            fam["batches"].add((name,), c.batches)
-            for outcome, n in (("success", c.acked), ("retry", c.retried), ("failure", c.rejected_total)):
-                fam["results"].add((name, outcome), n)
-            fam["unchanged"].add((name,), c.dropped_unchanged)
-            fam["depth"].add((name,), c.pending)
-            fam["inflight"].add((name,), c.in_flight)
-            fam["failing"].add((name,), c.failing)
-            fam["rejected"].add((name,), c.rejected)
-            fam["age"].add((name,), c.oldest_pending_age)
-            fam["last"].add((name,), c.last_success or 0.0)
-            fam["prune"].add((name,), c.prune_held)
-            fam["prune_paths"].add((name,), c.prune_held_paths)
-            fam["held"].add((name,), c.held_paths)
-            fam["drifted"].add((name,), c.drifted)
-            fam["werr"].add((name,), c.state_write_errors)
-            fam["unpersisted"].add((name,), c.state_unpersisted_seconds)
-            fam["aside"].add((name,), c.state_set_aside)
-            fam["leader"].add((name,), c.stats.get("leader", 1.0))
-            for kind, n in sorted(c.drift_total.items()):
-                fam["drift"].add((name, kind), n)
-            if c.health is not None:
-                for health, n in sorted(c.health.objects.items()):
-                    fam["objects"].add((name, health), n)
-                h = c.health.to_current
-                fam["to_current"].add_histogram((name,), h.bounds, h.counts, h.total, h.count)
-            for key, value in sorted(c.stats.items()):
-                if (m := _LABELLED_STAT.match(key)) is not None:
-                    metric, label, label_value = m.groups()
-                    own = fam.get(f"own:{metric}")
-                    if own is None:
-                        total = metric.endswith("_total")  # a counter family is exported as <name>_total
-                        own = fam[f"own:{metric}"] = Family(
-                            f"reloadd_{metric.removesuffix('_total')}", counter if total else gauge,
-                            f"A consumer's own {'counter' if total else 'gauge'} (its stat {metric}{{{label}=...}}).",
-                            ("consumer", label))
-                    own.add((name, label_value), value)
-                    continue
-                fam["stat"].add((name, key), value)
+            _add_consumer(fam, c)
         yield from fam.values()
-
 
 _LABELLED_STAT = re.compile(r"^([a-z][a-z0-9_]*)\{([a-z][a-z0-9_]*)=([^}]*)\}$")
 """A plugin stat named ``metric{label=value}`` is exported as its own family ``reloadd_<metric>{consumer,label}``
 (a counter when the name ends in ``_total``), not under ``reloadd_consumer_stat``: e.g. containerd-images'
 ``images_refused_total{reason=bad_signature}`` is ``reloadd_images_refused_total{consumer,reason}``."""
+
+
+def _consumer_family_table() -> dict[str, Family]:
+    """The per-consumer families, empty, by key (``own:<metric>`` keys are added for plugins' labelled stats)."""
+    lab = ("consumer",)
+    gauge, counter = "gauge", "counter"
+    return {
+        "info": Family("reloadd_consumer_info", gauge, "Configured consumers.", ("consumer", "plugin")),
+        "batches": Family("reloadd_consumer_batches", counter, "Batches handed to the consumer.", lab),
+        "results": Family("reloadd_consumer_results", counter, "Per-path results by outcome.",
+                          ("consumer", "outcome")),
+        "unchanged": Family("reloadd_consumer_changes_unchanged", counter,
+                            "Changes dropped because the content was unchanged.", lab),
+        "depth": Family("reloadd_consumer_queue_depth", gauge,
+                        "Paths waiting, including those in retry backoff.", lab),
+        "inflight": Family("reloadd_consumer_in_flight", gauge, "Paths being handled.", lab),
+        "failing": Family("reloadd_consumer_failing_paths", gauge,
+                          "Paths waiting for a retry after a transient failure.", lab),
+        "rejected": Family("reloadd_consumer_rejected_paths", gauge,
+                           "Paths whose last result was a permanent failure.", lab),
+        "age": Family("reloadd_consumer_oldest_pending_age_seconds", gauge,
+                      "Seconds the oldest waiting path has waited.", lab),
+        "last": Family("reloadd_consumer_last_success_timestamp_seconds", gauge,
+                       "Unix time of the last acknowledged path (0: never).", lab),
+        "stat": Family("reloadd_consumer_stat", gauge, "Plugin-specific counters and gauges.",
+                       ("consumer", "name")),
+        "prune": Family(
+            "reloadd_prune_held", gauge, "What held removals would remove (prune safety): objects, images or "
+            "files, as the consumer counts them; run `reloadd reload --confirm-prune` or bring the input back.",
+            lab),
+        "prune_paths": Family("reloadd_prune_held_paths", gauge, "Paths whose removal is held.", lab),
+        "leader": Family(
+            "reloadd_leader", gauge, "1 while the consumer may act: it holds its Lease (leader_elect) or needs "
+            "none; 0 while it stands by.", lab),
+        "drift": Family(
+            "reloadd_drift", counter, "Drift events the consumer's far-side sources saw (images removed, "
+            "objects edited, hosts.toml rewritten), per kind.", ("consumer", "kind")),
+        "drifted": Family(
+            "reloadd_drifted_paths", gauge, "Files whose declared state has drifted and is not restored "
+            "(detect mode, or a fight being backed off).", lab),
+        "werr": Family(
+            "reloadd_state_write_errors", counter, "Writes of the consumer's persisted state (records, held "
+            "removals) that failed: disk full, read-only, I/O error. It keeps delivering meanwhile.", lab),
+        "unpersisted": Family(
+            "reloadd_state_unpersisted_seconds", gauge, "Seconds since the consumer's state was last "
+            "persisted, while its writes fail (0 while persisted): a restart would hand over again what it "
+            "acknowledged since.", lab),
+        "aside": Family(
+            "reloadd_state_files_set_aside", counter, "State files found unreadable at start and moved aside "
+            "(named <file>.broken-<UTC time>); the consumer started from the safest assumption.", lab),
+        "objects": Family(
+            "reloadd_objects", gauge, "Objects the consumer delivered, by health (current, progressing, failed, "
+            "terminating), for consumers that track it (kube-manifests).", ("consumer", "health")),
+        "to_current": Family(
+            "reloadd_health_current_seconds", "histogram", "Seconds from a file's save to all its objects "
+            "being current.", lab),
+        "held": Family(
+            "reloadd_consumer_held_paths", gauge, "Paths settling for longer than max_delay (open for writing, "
+            "still growing): nothing waits for them any more; handed over at max_hold.", lab),
+    }
+
+
+def _add_consumer(fam: dict[str, Family], c: ConsumerSnapshot) -> None:
+    """One consumer's samples added to the families of :func:`_consumer_family_table`."""
+    name = c.name
+    fam["info"].add((name, c.plugin), 1)
+    fam["batches"].add((name,), c.batches)
+    for outcome, n in (("success", c.acked), ("retry", c.retried), ("failure", c.rejected_total)):
+        fam["results"].add((name, outcome), n)
+    fam["unchanged"].add((name,), c.dropped_unchanged)
+    fam["depth"].add((name,), c.pending)
+    fam["inflight"].add((name,), c.in_flight)
+    fam["failing"].add((name,), c.failing)
+    fam["rejected"].add((name,), c.rejected)
+    fam["age"].add((name,), c.oldest_pending_age)
+    fam["last"].add((name,), c.last_success or 0.0)
+    fam["prune"].add((name,), c.prune_held)
+    fam["prune_paths"].add((name,), c.prune_held_paths)
+    fam["held"].add((name,), c.held_paths)
+    fam["drifted"].add((name,), c.drifted)
+    fam["werr"].add((name,), c.state_write_errors)
+    fam["unpersisted"].add((name,), c.state_unpersisted_seconds)
+    fam["aside"].add((name,), c.state_set_aside)
+    fam["leader"].add((name,), c.stats.get("leader", 1.0))
+    for kind, n in sorted(c.drift_total.items()):
+        fam["drift"].add((name, kind), n)
+    if c.health is not None:
+        for health, n in sorted(c.health.objects.items()):
+            fam["objects"].add((name, health), n)
+        h = c.health.to_current
+        fam["to_current"].add_histogram((name,), h.bounds, h.counts, h.total, h.count)
+    _add_stats(fam, name, c.stats)
+
+
+def _add_stats(fam: dict[str, Family], name: str, stats: Mapping[str, float]) -> None:
+    """A consumer's own stats: ``metric{label=value}`` in a family of its own (see :data:`_LABELLED_STAT`), the
+    others under ``reloadd_consumer_stat``."""
+    for key, value in sorted(stats.items()):
+        if (m := _LABELLED_STAT.match(key)) is not None:
+            metric, label, label_value = m.groups()
+            own = fam.get(f"own:{metric}")
+            if own is None:
+                total = metric.endswith("_total")  # a counter family is exported as <name>_total
+                own = fam[f"own:{metric}"] = Family(
+                    f"reloadd_{metric.removesuffix('_total')}", "counter" if total else "gauge",
+                    f"A consumer's own {'counter' if total else 'gauge'} (its stat {metric}{{{label}=...}}).",
+                    ("consumer", label))
+            own.add((name, label_value), value)
+            continue
+        fam["stat"].add((name, key), value)
 
 
 def _gauge(name: str, doc: str, value: float) -> Family:

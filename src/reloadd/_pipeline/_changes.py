@@ -282,6 +282,23 @@ def diff(
     compares = [_Compare(v, scopes, forced, overlap, recorded) for v in views]
 
     trust = Trust(covered, local_devices(), *share, listings=listings) if covered else None
+    stopped = _walk(jobs, compares, errors, trust, stop, resume, publish)
+    if stopped is not None:
+        return stopped
+    return _judge(jobs, compares, errors, trust.skipped if trust is not None else set())
+
+
+def _walk(
+    jobs: list[tuple[str, str, bool]],
+    compares: list[_Compare],
+    errors: dict[str, str],
+    trust: Trust | None,
+    stop: threading.Event | None,
+    resume: Resume | None,
+    publish: Callable[[str, dict[str, object]], None] | None,
+) -> Diff | None:
+    """:func:`diff`'s walk: each job scanned, its chunks compared by the consumers whose roots meet it. Returns the
+    stopped walk's result (what it met, and where to resume), or ``None`` when the walk went to its end."""
     order, first = list(jobs), None
     if resume is not None and sorted(resume.jobs) == sorted(jobs):
         order, first = list(resume.jobs), list(resume.start)
@@ -310,7 +327,14 @@ def diff(
             for c in compares:
                 out.observe[c.view.name] = c.observe
             return out
-    skipped = trust.skipped if trust is not None else set()
+    return None
+
+
+def _judge(jobs: list[tuple[str, str, bool]], compares: list[_Compare], errors: dict[str, str],
+           skipped: set[str]) -> Diff:
+    """:func:`diff`'s verdict once the walk went to its end: each consumer's differences, the errors it owns
+    (each path's once), and the paths gone, found by counting (see :func:`diff`); ``skipped``: the directories
+    the walk did not list (unchanged since they were)."""
     out = Diff()
     warned: set[str] = set()
     everything: set[str] | None = None
@@ -337,7 +361,6 @@ def diff(
                     c.observe[key] = None  # gone (or no longer a regular file)
         out.observe[c.view.name] = c.observe
     return out
-
 
 class _Compare:
     """One consumer's side of a rescan: what to observe, and how many of its records were met."""

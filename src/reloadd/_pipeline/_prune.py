@@ -35,8 +35,8 @@ from typing import Any
 
 from .._errors import StateError
 from .._filters import PathFilter
+from .._state._atomic import atomic_write
 from .._state._persisted import PersistHealth, set_aside
-from .._state._records import atomic_write
 
 __all__ = ["HeldRemoval", "PruneGuard", "RootId"]
 

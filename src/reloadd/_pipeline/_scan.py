@@ -1,11 +1,12 @@
-"""Stat walks and content digests: the only filesystem reads the engine makes itself.
+"""Stat walks and probes: with the digests (:mod:`reloadd._pipeline._digests`), the only filesystem reads the
+engine makes itself.
 
-Everything here is blocking and meant to run in a worker thread.
+Everything here is blocking and meant to run in a worker thread. ``DigestCache`` is imported here too, for the
+modules that took it from here before the digests had a module of their own.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import stat
@@ -19,12 +20,11 @@ from typing import NamedTuple, TypeAlias
 from .._filters import under
 from .._state._packed import pack_stat, unpack_stat
 from .._types import Fingerprint
+from ._digests import READ_FLAGS, DigestCache, sha256_of
 
 __all__ = ["DigestCache", "Found", "Listing", "Probe", "Trust", "local_devices", "present", "probe", "probe_read",
            "scan", "walk"]
 
-_CHUNK = 1 << 20
-_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: never hang on a FIFO swapped in after the stat
 SCAN_CHUNK = 4096
 """Entries a :func:`scan` with a sink holds at most before handing them over."""
 _NOT_REGULAR = "not a regular file (FIFO, socket or device); ignored"
@@ -192,11 +192,11 @@ def probe_read(path: str, root: Path | str, limit: int) -> tuple[Probe, str | No
     if size > limit:
         return pr, None
     try:
-        fd = os.open(path, _READ_FLAGS | os.O_NOFOLLOW)
+        fd = os.open(path, READ_FLAGS | os.O_NOFOLLOW)
     except OSError:
         return pr, None
     try:
-        return pr, _sha256_of(fd, fp)
+        return pr, sha256_of(fd, fp)
     except OSError:
         return pr, None
     finally:
@@ -338,44 +338,62 @@ def scan(
             fd = _open_dir(d, top, root)
         except OSError:
             continue
-        others: list[str] | None = None  # a covered directory's names that are not regular files
         try:
-            prefix = d if d.endswith("/") else d + "/"
-            trusted = False
-            if listed is not None and trust is not None:
-                dst = os.fstat(fd)  # before the listing: a change while it runs moves the times past this
-                if trust.covers(d, dst):
-                    names_ = trust.unchanged(d, dst)
-                    if names_ is not None:  # the same names as when listed: only those that are no regular file
-                        _scan_names(list(names_), prefix, fd, root, recursive, found, errors, stack)
-                        continue
-                    trusted, others = not trust.due(dst), []
-            with os.scandir(fd) as entries:  # names streamed: a 100k-file directory is never listed whole
-                while chunk := list(itertools.islice(entries, SCAN_CHUNK)):
-                    if others is not None:
-                        assert listed is not None
-                        names = _list_covered(chunk, prefix, listed if trusted else None, others)
-                    else:
-                        names = [e.name for e in chunk]
-                    _scan_names(names, prefix, fd, root, recursive, found, errors, stack)
-                    if stop is not None and stop.is_set():
-                        raise WalkStopped([*stack, d], list(done)[:-1])  # this one from its start again, first
-                    if sink is not None and len(found) + (len(listed) if listed else 0) >= SCAN_CHUNK:
-                        sink(found, listed if listed is not None else set())
-                        found.clear()
-                        if listed is not None:
-                            listed.clear()
-            if others is not None:
-                assert trust is not None
-                trust.remember(d, dst, others)
-        except OSError:
-            if others is not None:
-                assert trust is not None
-                trust.remember(d, dst, None)
-            continue
+            _scan_dir(d, fd, root, recursive, found, errors, stack, done, sink, trust, listed, stop)
         finally:
             os.close(fd)
 
+
+def _scan_dir(
+    d: str,
+    fd: int,
+    root: str,
+    recursive: bool,
+    found: Found,
+    errors: dict[str, str],
+    stack: list[str],
+    done: dict[str, None],
+    sink: Callable[[Found, set[str]], None] | None,
+    trust: Trust | None,
+    listed: set[str] | None,
+    stop: threading.Event | None,
+) -> None:
+    """One directory of a :func:`scan` (open as ``fd``): its names stat-ed in chunks, or those of its kept listing
+    when :class:`Trust` covers it; its sub-directories pushed on ``stack``. An error reading it ends it quietly."""
+    others: list[str] | None = None  # a covered directory's names that are not regular files
+    try:
+        prefix = d if d.endswith("/") else d + "/"
+        trusted = False
+        if listed is not None and trust is not None:
+            dst = os.fstat(fd)  # before the listing: a change while it runs moves the times past this
+            if trust.covers(d, dst):
+                names_ = trust.unchanged(d, dst)
+                if names_ is not None:  # the same names as when listed: only those that are no regular file
+                    _scan_names(list(names_), prefix, fd, root, recursive, found, errors, stack)
+                    return
+                trusted, others = not trust.due(dst), []
+        with os.scandir(fd) as entries:  # names streamed: a 100k-file directory is never listed whole
+            while chunk := list(itertools.islice(entries, SCAN_CHUNK)):
+                if others is not None:
+                    assert listed is not None
+                    names = _list_covered(chunk, prefix, listed if trusted else None, others)
+                else:
+                    names = [e.name for e in chunk]
+                _scan_names(names, prefix, fd, root, recursive, found, errors, stack)
+                if stop is not None and stop.is_set():
+                    raise WalkStopped([*stack, d], list(done)[:-1])  # this one from its start again, first
+                if sink is not None and len(found) + (len(listed) if listed else 0) >= SCAN_CHUNK:
+                    sink(found, listed if listed is not None else set())
+                    found.clear()
+                    if listed is not None:
+                        listed.clear()
+        if others is not None:
+            assert trust is not None
+            trust.remember(d, dst, others)
+    except OSError:
+        if others is not None:
+            assert trust is not None
+            trust.remember(d, dst, None)
 
 def present(top: str, root: str, recursive: bool) -> set[str]:
     """The paths a :func:`scan` of ``top`` would find (regular files, and symlinks to regular files inside
@@ -474,82 +492,3 @@ def _probe_into(path: str, root: str, found: Found, errors: dict[str, str]) -> N
         found[path] = pack_stat(*pr.fingerprint)
     elif pr.error is not None:
         errors[path] = pr.error
-
-
-def _sha256_of(fd: int, fp: Fingerprint) -> str | None:
-    """The SHA-256 of the open file ``fd`` if its bytes are the content ``fp`` was taken of; ``None`` if it moved on.
-
-    No more than the probed size is read (a device swapped in is not read for ever), then one ``fstat``: the
-    same inode, size and times as probed means these bytes are that content.
-
-    Raises:
-        OSError: the file is still the one probed but cannot be read (an I/O error).
-    """
-    left = fp[1]
-    try:
-        first = os.read(fd, left if left <= _CHUNK else _CHUNK) if left else b""
-        h = hashlib.sha256(first)  # a small file: one read, hashed as the object is made
-        left -= len(first)
-        while left and first:
-            chunk = os.read(fd, min(_CHUNK, left))
-            if not chunk:
-                break  # shorter than probed: the fstat says it moved on
-            h.update(chunk)
-            left -= len(chunk)
-    except OSError:
-        if not _still(fd, fp):
-            return None  # a directory or FIFO swapped in
-        raise
-    if not _still(fd, fp):
-        return None  # replaced, or written to before or while we read
-    return h.hexdigest()
-
-
-def _still(fd: int, fp: Fingerprint) -> bool:
-    """Whether the open file ``fd`` is the regular file ``fp`` was taken of, as it was then."""
-    st = os.fstat(fd)
-    return (stat.S_ISREG(st.st_mode) and st.st_ino == fp[0] and st.st_size == fp[1] and st.st_mtime_ns == fp[2]
-            and st.st_ctime_ns == fp[3])
-
-
-class DigestCache:
-    """SHA-256 of file contents, cached per path with the fingerprint it was read at (bounded: emptied when full).
-
-    A burst reads each file once, so the cache must cost next to nothing: keyed by the path alone (its hash
-    is kept by the string, where a (path, fingerprint) key hashed five objects per lookup) and emptied when
-    full rather than evicting the oldest entry per insert (a scan past the deleted entries at the front of
-    the table): 1.1-1.5 µs less a file, ~15 % of a small file's digest.
-    """
-
-    def __init__(self, max_entries: int = 1024) -> None:
-        self._cache: dict[str, tuple[Fingerprint, str]] = {}
-        self._max = max_entries
-
-    def clear(self) -> None:
-        """Forget every digest (a burst is over: nothing is likely to be asked again soon)."""
-        self._cache = {}
-
-    def digest(self, path: Path | str, fp: Fingerprint) -> str | None:
-        """The digest of ``path`` if it still has fingerprint ``fp``; ``None`` if it moved on.
-
-        Raises:
-            OSError: the file exists but cannot be read (permissions, I/O error).
-        """
-        key = os.fspath(path)
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] == fp:
-            return hit[1]
-        try:
-            fd = os.open(key, _READ_FLAGS)
-        except (FileNotFoundError, NotADirectoryError):
-            return None  # gone since the stat
-        try:
-            value = _sha256_of(fd, fp)
-        finally:
-            os.close(fd)
-        if value is None:
-            return None
-        if len(self._cache) >= self._max:
-            self._cache = {}
-        self._cache[key] = (fp, value)
-        return value

@@ -20,56 +20,38 @@ What the peers get wrong and this gets right (see shared notes, watchers-and-rel
 - ``ENOSPC`` (watch limit) keeps the watches already armed, reports rescan-only mode once
   naming the sysctl, and retries the missing ones at the next check instead of spinning;
   ``EMFILE`` (instance limit) becomes :class:`WatchLimitError`.
+
+Three modules: this one is the loop side (reads parsed into events, each event acted on), the reader thread is
+:mod:`reloadd._sources._inotify_reader`, and the watches (arming, re-arming, recovery from lost events) are
+:mod:`reloadd._sources._inotify_watches`, the source's base.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import errno
 import os
-import select
 import stat
-import struct
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from asyncinotify import Inotify, Mask, Watch
 
-from .._errors import WatchError, WatchLimitError
+from .._errors import WatchError
 from .._filters import is_kubelet_internal, under
-from .._source import EventKind, SourceContext, SourceEvent, WatchRoot, file_event
+from .._source import EventKind, SourceContext, SourceEvent, file_event
+from ._inotify_reader import HEADER as _HEADER
+from ._inotify_reader import OVERFLOW as _OVERFLOW
+from ._inotify_reader import OVERFLOW_EVENT as _OVERFLOW_EVENT
+from ._inotify_reader import Reader
+from ._inotify_watches import Watches, limit_error
 
 __all__ = ["InotifySource"]
 
-_MASK = (
-    Mask.CREATE
-    | Mask.DELETE
-    | Mask.MODIFY
-    | Mask.CLOSE_WRITE
-    | Mask.MOVED_FROM
-    | Mask.MOVED_TO
-    | Mask.ATTRIB
-    | Mask.DELETE_SELF
-    | Mask.MOVE_SELF
-    | Mask.ONLYDIR
-    | Mask.EXCL_UNLINK
-)
-_READ_BYTES = 64 * 1024  # one read is parsed without yielding the loop: ~1,300 events, a few ms
 _FS_CODEC = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
 _ROOM_POLL = 0.05  # seconds between looks for lost events among the reads, while they are held back
-_QUEUED_MAX = 64 << 20  # bytes of events read and not yet handled, at most (~2M events)
-_GATHER = 0.004  # seconds a read waits when the previous one was this recent (a burst)
-_HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
 # Plain ints for the per-event hot path: IntFlag membership tests cost ~15x more.
-_OVERFLOW = int(Mask.Q_OVERFLOW)
-_OVERFLOW_EVENT = _HEADER.pack(-1, _OVERFLOW, 0, 0)
-"""An overflow as the kernel writes it, found in a read with one search (bytes of a name that read like one
-only make the source parse on without waiting for room)."""
 _IGNORED = int(Mask.IGNORED)
 _SELF = int(Mask.DELETE_SELF | Mask.MOVE_SELF | Mask.UNMOUNT)
 _ISDIR = int(Mask.ISDIR)
@@ -83,44 +65,7 @@ _SPECIAL = _OVERFLOW | _IGNORED | _SELF | _ISDIR
 _NOT_PLAIN = _SPECIAL | _STRUCTURAL  # an event that may not reuse the previous one's path and checks
 
 
-def _limit_error(exc: OSError, path: Path) -> WatchError:
-    if exc.errno == errno.ENOSPC:
-        return WatchLimitError(
-            f"Failed to watch {path}: the inotify watch limit is reached; raise the sysctl "
-            "fs.inotify.max_user_watches (continuing with rescans only where unwatched)",
-            "fs.inotify.max_user_watches",
-        )
-    if exc.errno == errno.EMFILE:
-        return WatchLimitError(
-            "Failed to create an inotify instance: the limit is reached; raise the sysctl "
-            "fs.inotify.max_user_instances or the open-files limit (continuing with rescans only)",
-            "fs.inotify.max_user_instances",
-        )
-    return WatchError(f"Failed to watch {path}: {exc.strerror or exc}")
-
-
-def _list_dirs(top: Path) -> list[Path]:
-    """``top`` and every directory below it (not through symlinks, not kubelet ``..`` dirs). Blocking."""
-    out = [top]
-    stack = [top]
-    while stack:
-        d = stack.pop()
-        try:
-            with os.scandir(d) as it:
-                for entry in it:
-                    try:
-                        if entry.is_dir(follow_symlinks=False) and not is_kubelet_internal(entry.name):
-                            p = Path(entry.path)
-                            out.append(p)
-                            stack.append(p)
-                    except OSError:
-                        continue
-        except OSError:
-            continue
-    return out
-
-
-class InotifySource:
+class InotifySource(Watches):
     """Watch every root (recursively where asked) and report what the kernel says."""
 
     name = "inotify"
@@ -152,13 +97,13 @@ class InotifySource:
         try:
             ino = Inotify()
         except OSError as exc:
-            raise _limit_error(exc, Path("/")) from exc
+            raise limit_error(exc, Path("/")) from exc
         self._ino = ino
         checker: asyncio.Task[None] | None = None
         loop = asyncio.get_running_loop()
         readable = asyncio.Event()
         os.set_blocking(ino.fd, False)
-        reader = _Reader(ino.fd, loop, readable.set)
+        reader = Reader(ino.fd, loop, readable.set)
         try:
             await self._arm_all()
             checker = asyncio.create_task(self._check_loop(), name="reloadd-inotify-check")
@@ -199,161 +144,8 @@ class InotifySource:
             self._waiting.clear()
             ino.close()
 
-    # Arming ----------------------------------------------------------------------
-    async def _arm_all(self) -> None:
-        for root in self.ctx.roots:
-            await self._arm_root(root)
-        self._report()
-
-    def _report(self) -> None:
-        self.ctx.degraded(self._limited)
-
-    def _add(self, path: Path) -> bool:
-        assert self._ino is not None
-        try:
-            ino = os.stat(path).st_ino
-        except OSError:
-            return False
-        held = self._by_path.get(path)
-        if held is not None:
-            if held[1] == ino:
-                return True
-            self._remove_under(path)  # the path now names another directory: a stale watch
-        try:
-            watch = self._ino.add_watch(path, _MASK)
-        except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                return False
-            if exc.errno == errno.EACCES:
-                self.log.warning("Failed to watch %s: permission denied (covered by rescans only)", path)
-                return False
-            err = _limit_error(exc, path)
-            if isinstance(err, WatchLimitError) and err.sysctl == "fs.inotify.max_user_watches":
-                if not self._limit_logged:
-                    self.log.error("%s", err)
-                    self._limit_logged = True
-                self._limited = str(err)
-                return False
-            raise err from exc
-        self._removed.discard(watch.wd)
-        self._by_path[path] = (watch, ino)
-        self.ctx.coverage.add(str(path))
-        prefix = str(watch.path)
-        self._by_wd[watch.wd] = (watch, prefix if prefix.endswith("/") else prefix + "/")
-        return True
-
-    async def _arm_tree(self, top: Path) -> None:
-        dirs = await asyncio.to_thread(_list_dirs, top)
-        for d in dirs:
-            if not self._add(d) and self._limited:
-                return
-
-    async def _arm_root(self, root: WatchRoot) -> None:
-        path = root.path
-        anchor = path.parent
-        while not anchor.is_dir() and anchor != anchor.parent:
-            anchor = anchor.parent
-        self._add(anchor)
-        if anchor != path.parent:
-            if path not in self._waiting:
-                self.log.warning("Root %s does not exist yet; waiting for it (watching %s)", path, anchor)
-            self._waiting[path] = anchor
-            return
-        self._waiting.pop(path, None)
-        if path.is_dir():  # follows a symlinked root to its target
-            if root.recursive:
-                await self._arm_tree(path)
-            else:
-                self._add(path)
-
-    def _remove_under(self, top: Path) -> None:
-        assert self._ino is not None
-        for p in [p for p in self._by_path if under(p, top)]:
-            watch, _ = self._by_path.pop(p)
-            self.ctx.coverage.discard(str(p))
-            self._removed.add(watch.wd)
-            with contextlib.suppress(OSError):
-                self._ino.rm_watch(watch)  # already gone with its directory
-
-    async def _check_loop(self) -> None:
-        """Re-arm roots whose anchors moved without telling us, and retry after ENOSPC."""
-        interval = self.ctx.rescan_interval if self.ctx.rescan_interval > 0 else 15.0
-        while True:
-            await asyncio.sleep(interval)
-            for root in self.ctx.roots:
-                if self._stale(root):
-                    await self._rearm_roots_near(root.path)
-            if self._limited:
-                self._limited = None
-                await self._arm_all()
-                self._emit(EventKind.RESCAN, None)  # catch up on what changed while unwatched
-                if self._limited is None:
-                    self._limit_logged = False
-                    self.log.warning("inotify watches armed again; leaving rescan-only mode")
-
-    def _stale(self, root: WatchRoot) -> bool:
-        for p in (root.path.parent, root.path):
-            held = self._by_path.get(p)
-            if held is None:
-                continue
-            try:
-                if os.stat(p).st_ino != held[1]:
-                    return True
-            except OSError:
-                return True
-        return False
-
     # Events ----------------------------------------------------------------------
-    def _emit(self, kind: EventKind, path: Path | str | None) -> None:
-        self.ctx.emit(SourceEvent(kind, path, self.name))
-
-    def _root_for(self, path: Path) -> WatchRoot | None:
-        return self._roots.get(path)
-
-    async def _rearm_roots_near(self, path: Path) -> None:
-        """``path`` (a root or an ancestor of roots) changed identity: re-arm what hangs below it."""
-        self._remove_under(path)
-        for root in self.ctx.roots:
-            if under(root.path, path) or under(path, root.path):
-                self._remove_under(root.path)
-                await self._arm_root(root)
-                self._emit(EventKind.SUBTREE, root.path)
-        self._report()
-
-    def _recover(self) -> None:
-        """Events were lost: rescan at once, re-arm every root, and look again at directories armed anew.
-
-        The rescan of every root is asked for first, so it starts while the watches are re-armed
-        (a directory made while events were lost has none yet). Each directory the re-arm had to
-        watch anew is then handed over as a subtree, walked again now that its watch reports
-        what changes in it: a file made there after the rescan passed and before the watch
-        existed is found by that walk.
-
-        Runs beside the reader, not in it: a reader waiting for the re-arm lets the
-        kernel queue overflow again, and a burst turns into a chain of overflows. Lost
-        events arriving while one recovery runs ask for their rescan at once (the engine
-        stops a walk already running for it) and make the re-arm go round once more.
-        """
-        self.ctx.emit(SourceEvent(EventKind.RESCAN, None, self.name, lost_at=time.monotonic()))
-        if self._recovery is not None and not self._recovery.done():
-            self._recover_again = True
-            return
-        self._recovery = asyncio.get_running_loop().create_task(self._recovery_run(), name="reloadd-inotify-rearm")
-
-    async def _recovery_run(self) -> None:
-        again = True
-        while again:
-            self._recover_again = False
-            watched = {p: ino for p, (_, ino) in self._by_path.items()}
-            await self._arm_all()
-            tops: list[Path] = []  # the directories watched anew (or a new one under the same name), outermost
-            for p in sorted(p for p, (_, ino) in self._by_path.items() if watched.get(p) != ino):
-                if not (tops and under(p, tops[-1])):  # sorted by parts: what lies under a directory follows it
-                    tops.append(p)
-                    self._emit(EventKind.SUBTREE, p)
-            again = self._recover_again
-
-    async def _room(self, reader: _Reader, data: bytes) -> None:
+    async def _room(self, reader: Reader, data: bytes) -> None:
         """Hold the reads back while the engine has no room for more events (``Engine.room``).
 
         Not when events were lost (an overflow in ``data`` or in a read still queued, or reads dropped):
@@ -562,91 +354,3 @@ def _fresh_file(path: Path | str) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_size == 0
 
 
-class _Reader:
-    """Read an inotify fd in a thread of its own, as fast as the kernel fills it; the loop takes the reads.
-
-    The kernel queue holds ``fs.inotify.max_queued_events`` (16,384 by default): a writer at
-    full speed fills it in ~60 ms, less than one busy turn of an event loop settling a burst.
-    Read here, events wait in memory instead (bounded by :data:`_QUEUED_MAX`; beyond that reads
-    are dropped and :attr:`dropped` set, which the source treats as an overflow: rescan).
-    """
-
-    def __init__(self, fd: int, loop: asyncio.AbstractEventLoop, wake: Callable[[], None]) -> None:
-        self.fd = fd
-        self.loop = loop
-        self.wake = wake
-        self.error: OSError | None = None
-        self.dropped = False
-        self.marked = 0  # reads queued that hold an overflow (see _OVERFLOW_EVENT)
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._queued = 0
-        self._lock = threading.Lock()
-        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._thread = threading.Thread(target=self._run, name="reloadd-inotify-reader", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def take(self) -> bytes | None:
-        """The oldest read not handled yet, if any (on the loop)."""
-        with self._lock:
-            if not self._chunks:
-                return None
-            data = self._chunks.popleft()
-            self._queued -= len(data)
-            if _OVERFLOW_EVENT in data:
-                self.marked -= 1
-            return data
-
-    def stop(self) -> None:
-        """End the thread and release its pipe (blocking: call it off the loop)."""
-        with contextlib.suppress(OSError):
-            os.write(self._stop_w, b"x")
-        if self._thread.is_alive():
-            self._thread.join()
-        os.close(self._stop_r)
-        os.close(self._stop_w)
-
-    def _run(self) -> None:
-        poller = select.poll()
-        poller.register(self.fd, select.POLLIN)
-        poller.register(self._stop_r, select.POLLIN)
-        last = -float("inf")
-        while True:
-            ready = poller.poll()
-            if any(fd == self._stop_r for fd, _ in ready):
-                return
-            if time.monotonic() - last < _GATHER:
-                # Events are streaming in (a burst): let a window of them pile up in the kernel and
-                # take them in one read, not a read (and a turn of the loop) per file. The first
-                # event after a quiet spell is read at once.
-                time.sleep(_GATHER)
-            got = False
-            while True:
-                try:
-                    data = os.read(self.fd, _READ_BYTES)
-                except BlockingIOError:
-                    break
-                except OSError as exc:
-                    self.error = exc
-                    got = True
-                    break
-                if not data:
-                    break
-                got = True
-                with self._lock:
-                    if self._queued + len(data) > _QUEUED_MAX:
-                        self.dropped = True
-                    else:
-                        self._chunks.append(data)
-                        self._queued += len(data)
-                        if _OVERFLOW_EVENT in data:
-                            self.marked += 1
-            last = time.monotonic()
-            if got:
-                try:
-                    self.loop.call_soon_threadsafe(self.wake)
-                except RuntimeError:
-                    return  # the loop is closed
-            if self.error is not None:
-                return

@@ -24,7 +24,6 @@ gives, so a 100,000-path burst costs neither a ``Path`` nor a ``json.dumps`` per
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import json
 import logging
@@ -36,6 +35,7 @@ from typing import Any
 
 from .._errors import StateError
 from .._types import Fingerprint, JSONValue, PathRecord
+from ._atomic import atomic_write, write_all
 from ._packed import (
     RecordView,
     dumps,
@@ -49,7 +49,7 @@ from ._packed import (
 )
 from ._persisted import PersistHealth, set_aside
 
-__all__ = ["FlushJob", "RecordStore", "atomic_write", "lock_state_dir"]
+__all__ = ["FlushJob", "RecordStore"]
 
 log = logging.getLogger("reloadd.state")
 
@@ -58,47 +58,6 @@ _VERSION = 1
 _EVERY_AGAIN = "starting from no records: every file is handed over again once"
 
 
-def atomic_write(path: Path, data: bytes | Iterable[bytes], mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` (bytes, or chunks of them) atomically and durably.
-
-    Every byte is written (a short ``write`` is continued), the temp file is fsynced, renamed
-    over ``path`` and the directory fsynced: a crash leaves the old file or the new one, whole.
-
-    Raises:
-        StateError: naming the file and the cause (e.g. the disk is full); the previous
-            file is left intact.
-    """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        # O_NOFOLLOW: a symlink planted at the temp name is refused, never written through.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
-        try:
-            for chunk in (data,) if isinstance(data, bytes) else data:
-                _write_all(fd, chunk)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise StateError(f"Failed to write {path}: {exc.strerror or exc}", path=str(path),
-                         cause=exc.strerror or str(exc)) from exc
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _str = json.encoder.encode_basestring_ascii  # what json.dumps uses for a str, in C
@@ -461,7 +420,7 @@ class RecordStore(Mapping[Path, PathRecord]):
             try:
                 start = os.lseek(fd, 0, os.SEEK_END)
                 try:
-                    _write_all(fd, data)
+                    write_all(fd, data)
                     os.fsync(fd)
                 except OSError:
                     os.ftruncate(fd, start)  # no torn half-batch left behind
@@ -508,23 +467,3 @@ class FlushJob:
 
     lines: list[str]
     snapshot: tuple[tuple[str, ...], tuple[bytes, ...]] | None = None  # every path, and its record
-
-
-def lock_state_dir(state_dir: Path) -> int:
-    """Take an exclusive lock on ``state_dir`` so two daemons never share (and corrupt) its state."""
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # Read-only: flock needs no write access, and a descriptor open for writing would keep the state's
-        # file system from being remounted read-only (errors=remount-ro, an operator's `mount -o remount,ro`).
-        fd = os.open(state_dir / "lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise StateError(f"Failed to open state directory {state_dir}: {exc.strerror or exc}") from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        raise StateError(
-            f"state_dir {state_dir} is in use by another reloadd (its lock is held); "
-            "give each daemon its own state_dir"
-        ) from exc
-    return fd
