@@ -355,7 +355,7 @@ def test_one_backoff_doubles_caps_and_jitters_within_initial() -> None:
 def test_a_digest_is_reused_only_for_the_fingerprint_it_was_read_at(tmp_path):
     import hashlib
 
-    from reloadd._pipeline._scan import DigestCache
+    from reloadd._pipeline._digests import DigestCache
 
     cache = DigestCache(max_entries=4)
     f = tmp_path / "a"

@@ -28,11 +28,11 @@ from typing import cast
 from .._filters import PathFilter, under
 from .._state._packed import digest_of, pack_record, pack_stat, stat_of
 from .._types import Change, ChangeKind, Fingerprint, PathRecord
+from ._digests import DigestCache
 from ._inorder import InOrder
 from ._item import Item
 from ._prune import PruneGuard, RootId
 from ._scan import (
-    DigestCache,
     Found,
     Listing,
     Probe,

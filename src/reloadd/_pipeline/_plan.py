@@ -25,8 +25,9 @@ from .._state._records import RecordStore
 from .._types import Batch, Change, ChangeKind, DriftMode, JSONValue, PlannedChange, Reason
 from ._building import build_consumer, owner_test, path_filter
 from ._changes import Needed, View, change_kind, diff, needed
+from ._digests import DigestCache
 from ._prune import PruneGuard
-from ._scan import DigestCache, probe
+from ._scan import probe
 
 __all__ = ["ConsumerPlan", "PlanReport", "pending_changes", "plan"]
 

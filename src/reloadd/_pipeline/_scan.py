@@ -1,8 +1,7 @@
 """Stat walks and probes: with the digests (:mod:`reloadd._pipeline._digests`), the only filesystem reads the
 engine makes itself.
 
-Everything here is blocking and meant to run in a worker thread. ``DigestCache`` is imported here too, for the
-modules that took it from here before the digests had a module of their own.
+Everything here is blocking and meant to run in a worker thread.
 """
 
 from __future__ import annotations
@@ -20,9 +19,9 @@ from typing import NamedTuple, TypeAlias
 from .._filters import under
 from .._state._packed import pack_stat, unpack_stat
 from .._types import Fingerprint
-from ._digests import READ_FLAGS, DigestCache, sha256_of
+from ._digests import READ_FLAGS, sha256_of
 
-__all__ = ["DigestCache", "Found", "Listing", "Probe", "Trust", "local_devices", "present", "probe", "probe_read",
+__all__ = ["Found", "Listing", "Probe", "Trust", "local_devices", "present", "probe", "probe_read",
            "scan", "walk"]
 
 SCAN_CHUNK = 4096

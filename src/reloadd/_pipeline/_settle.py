@@ -23,9 +23,9 @@ from pathlib import Path
 from .._types import Fingerprint, Reason
 from ._aggregator import Aggregator, Key, Pending
 from ._changes import CHANGED, UNREADABLE, digest_all, probe_all, steady
+from ._digests import DigestCache
 from ._pump_state import PumpState
 from ._queue import Item
-from ._scan import DigestCache
 from ._slot import Slot
 from ._stats import EngineStats
 from ._writers import writers_of
