@@ -79,6 +79,7 @@ class Parents:
         self._known: dict[str, _Known | None] = {}  # None: known to be absent
         self._unsure: set[str] = set()  # forgotten since the list: read before use
         self._listed = False
+        self._refused = False  # the LIST was refused: never asked again
         self._lock = asyncio.Lock()
 
     def path(self, name: str = "") -> str:
@@ -129,7 +130,10 @@ class Parents:
                 return
             try:
                 answer = await self.client.get(self.path(), {"labelSelector": f"{LABEL_MANAGED_BY}=reloadd"})
-            except (ApiError, ApiUnavailable):
+            except ApiError:
+                self._refused = True  # e.g. a role without `list`: GET each parent from now on
+                return
+            except ApiUnavailable:
                 return
             for item in (answer or {}).get("items") or ():
                 if isinstance(item, Mapping) and _meta(item).get("name"):
@@ -143,7 +147,7 @@ class Parents:
             ApiError: when it cannot be read (e.g. 403).
             ApiUnavailable: when the server stays unreachable.
         """
-        if not self.dry_run and not self._listed:
+        if not self.dry_run and not self._listed and not self._refused:
             await self._list()
         if not self.dry_run and name in self._known:
             known = self._known[name]
