@@ -18,14 +18,15 @@ same server, in separate namespaces so neither tool sees the other's objects:
 5. a folder with its Namespace (``000-ns.yaml``) and ``--files`` files of ``--objects`` ConfigMaps in it: the
    daemon's first pass (start to idle, the real engine) vs ``kubectl apply --server-side -f DIR`` (lexical
    order, one request per object), alternating, ``--folder-runs`` pairs; reloadd's retries (a 404 on a
-   namespace not created yet) are counted and must be 0 (``--only-folder`` runs just this phase).
+   namespace not created yet) are counted and must be 0 (``--only-folder`` runs just this phase). A third
+   contender in each run is the Python floor (``floor.py``): reloadd's own HTTP client sending just the
+   1,001 server-side applies, ``parallel`` at once, nothing else; the three go in a rotating order.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -33,16 +34,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
+from reloadd_kube_manifests._settings import Settings
 
 import reloadd
 from tests.kube.apiserver import KubeCluster
 from tests.kube_manifests._corpus import KUBECTL
 
 from ._driver import Driver
+from ._output import emit
+from .floor import floor_pass
 
 
 def objects(ns: str, file_no: int, n: int, rev: int) -> list[dict[str, Any]]:
@@ -195,19 +200,28 @@ def namespace_folder(root: Path, ns: str, n_files: int, n_obj: int) -> None:
              "data": {"payload": "x" * 200}} for j in range(n_obj)])
 
 
+def spread(xs: list[float]) -> str:
+    """``median (min–max)`` in seconds."""
+    return f"{statistics.median(xs):.2f} s ({min(xs):.2f}–{max(xs):.2f})"
+
+
 async def folder_first_pass(kube: KubeCluster, work: Path, n_files: int, n_obj: int, runs: int,
                             options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Phase 5: the first pass over a folder whose Namespace is one of its files (issue #59); ``options``
-    added to the consumer's (``--folder-concurrency``)."""
+    added to the consumer's (``--folder-concurrency``). Each run also times the Python floor (``floor.py``)
+    with the consumer's ``parallel`` requests in flight."""
     env = {**os.environ, "HOME": str(work / "home")}
+    in_flight = int((options or {}).get("parallel", Settings().parallel))
     r_times: list[float] = []
     k_times: list[float] = []
+    f_times: list[float] = []
     retries: list[int] = []
     waited: list[float] = []
     for run in range(runs):
-        k_root, r_root = work / f"folder-k{run}", work / f"folder-r{run}"
+        k_root, r_root, f_root = work / f"folder-k{run}", work / f"folder-r{run}", work / f"folder-f{run}"
         namespace_folder(k_root, f"scale-k{run}", n_files, n_obj)
         namespace_folder(r_root, f"scale-r{run}", n_files, n_obj)
+        namespace_folder(f_root, f"scale-f{run}", n_files, n_obj)
         cfg = reloadd.parse_config({
             "reloadd": {"state_dir": str(work / f"folder-state{run}"), "quiet": "100ms"},
             # A consumer name per run: its ApplySet parents are its own (the same name would prune the last run's).
@@ -224,18 +238,29 @@ async def folder_first_pass(kube: KubeCluster, work: Path, n_files: int, n_obj: 
                 retries.append(c.retried + c.rejected_total)
                 waited.append(c.stats.get("files_waited_for_provider", 0.0))
 
-        if run % 2:
-            await reloadd_pass()
+        async def kubectl_pass(k_root: Path = k_root) -> None:
             k_times.append(await asyncio.to_thread(kubectl, kube, k_root, env))
-        else:
-            k_times.append(await asyncio.to_thread(kubectl, kube, k_root, env))
-            await reloadd_pass()
+
+        async def floor(f_root: Path = f_root) -> None:
+            f_times.append(await floor_pass(kube.kubeconfig, f_root, in_flight))
+
+        order: list[Callable[[], Awaitable[None]]] = [kubectl_pass, reloadd_pass, floor]
+        for contender in order[run % 3:] + order[:run % 3]:  # none always first on a fresh server
+            await contender()
+    r_med, k_med, f_med = (statistics.median(xs) for xs in (r_times, k_times, f_times))
     return {
         "folder_files": n_files + 1, "folder_objects": n_files * n_obj + 1, "folder_runs": runs,
         "folder_reloadd_s": [round(x, 3) for x in r_times], "folder_kubectl_s": [round(x, 3) for x in k_times],
         "folder_reloadd_median_s": round(statistics.median(r_times), 3),
         "folder_kubectl_median_s": round(statistics.median(k_times), 3),
-        "folder_ratio_reloadd_over_kubectl": round(statistics.median(r_times) / statistics.median(k_times), 2),
+        "folder_floor_s": [round(x, 3) for x in f_times], "folder_floor_median_s": round(f_med, 3),
+        "folder_floor_in_flight": in_flight,
+        "folder_ratio_reloadd_over_kubectl": round(r_med / k_med, 2),
+        "folder_ratio_floor_over_kubectl": round(f_med / k_med, 2),
+        "folder_ratio_reloadd_over_floor": round(r_med / f_med, 2),
+        "folder_per_run_ratio_reloadd_over_kubectl": [round(r / k, 2) for r, k in zip(r_times, k_times, strict=True)],
+        "folder_per_run_ratio_floor_over_kubectl": [round(f / k, 2) for f, k in zip(f_times, k_times, strict=True)],
+        "folder_spread": {"reloadd": spread(r_times), "kubectl": spread(k_times), "floor": spread(f_times)},
         "folder_reloadd_retries": retries, "folder_files_waited": waited,
     }
 
@@ -261,12 +286,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
                 extra = {"concurrency": args.folder_concurrency} if args.folder_concurrency else {}
                 result = await folder_first_pass(kube, work, args.files, args.objects, args.folder_runs, extra)
                 result["folder_options"] = extra
-            print(json.dumps(result, indent=2))
-            if args.json:
-                args.json.write_text(json.dumps(result, indent=2) + "\n")
-            if args.md:
-                head = "| measure | kubectl | reloadd | kubectl / reloadd |\n|---|---|---|---|\n"
-                args.md.write_text(head + folder_row(result) + "\n")
+            emit(result, args.json, args.md, folder_table)
             return result
         async with KubeCluster(controllers=()) as kube:
             result = await per_file(kube, work, args.files, args.objects)
@@ -282,24 +302,35 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
             result["corpus_rows"] = markdown_rows(corpus)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    if args.md:
-        args.md.write_text(markdown(result))
+    emit(result, args.json, args.md, markdown)
     return result
 
 
 def folder_row(r: dict[str, Any]) -> str:
-    """The namespace-folder first pass (phase 5) as a table row; the last column is reloadd / kubectl against
-    issue #59's target of ≤ 0.5."""
-    return (
+    """The namespace-folder first pass (phase 5) as table rows: reloadd, then the Python floor; the last column
+    is the ratio to kubectl against issue #59's target of ≤ 0.5 (medians, with min–max over the runs)."""
+    sp = r.get("folder_spread", {})
+    row = (
         f"| first pass, `000-ns.yaml` + {r['folder_files'] - 1} files ({r['folder_objects']} objects), "
-        f"median of {r['folder_runs']} alternating | {r['folder_kubectl_median_s']:.2f} s (`kubectl apply "
-        f"--server-side -f DIR`) | {r['folder_reloadd_median_s']:.2f} s (daemon start to idle; retries "
-        f"{max(r['folder_reloadd_retries'])}) | {1 / r['folder_ratio_reloadd_over_kubectl']:.2f} (reloadd / kubectl "
-        f"**{r['folder_ratio_reloadd_over_kubectl']:.2f}×**, target ≤ 0.5×) |"
+        f"median (min–max) of {r['folder_runs']} rotating | {sp.get('kubectl', r['folder_kubectl_median_s'])} "
+        f"(`kubectl apply --server-side -f DIR`) | {sp.get('reloadd', r['folder_reloadd_median_s'])} (daemon start "
+        f"to idle; retries {max(r['folder_reloadd_retries'])}) | {1 / r['folder_ratio_reloadd_over_kubectl']:.2f} "
+        f"(reloadd / kubectl **{r['folder_ratio_reloadd_over_kubectl']:.2f}×**, target ≤ 0.5×) |"
     )
+    if "folder_floor_median_s" not in r:
+        return row
+    return row + (
+        f"\n| the same, Python floor: reloadd's HTTP client sending only the {r['folder_objects']} applies, "
+        f"{r['folder_floor_in_flight']} in flight, same runs | {sp.get('kubectl')} | {sp.get('floor')} (floor) | "
+        f"{1 / r['folder_ratio_floor_over_kubectl']:.2f} "
+        f"(floor / kubectl **{r['folder_ratio_floor_over_kubectl']:.2f}×**; "
+        f"reloadd / floor {r['folder_ratio_reloadd_over_floor']:.2f}×) |"
+    )
+
+
+def folder_table(r: dict[str, Any]) -> str:
+    """``--only-folder``'s section: the folder rows under their table head."""
+    return "| measure | kubectl | reloadd | kubectl / reloadd |\n|---|---|---|---|\n" + folder_row(r) + "\n"
 
 
 def markdown(r: dict[str, Any]) -> str:

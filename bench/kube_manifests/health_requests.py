@@ -28,6 +28,7 @@ import reloadd
 from tests.kube.apiserver import KubeCluster
 
 from .__main__ import namespace_folder
+from ._output import emit
 
 NS = "health-bench"
 
@@ -126,11 +127,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--md", type=Path)
     args = ap.parse_args(argv)
     result = await run(args.files, args.objects, args.idle)
-    print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    if args.md:
-        args.md.write_text(markdown(result))
+    emit(result, args.json, args.md, markdown)
     return result
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -41,6 +40,8 @@ from tests.kube.node import kube_with_node
 from tests.kube.watch import wait_for
 from tests.kube_manifests._corpus import KUBECTL
 from tests.node.support import available, deployment, ensure_namespace, yaml_of
+
+from ._output import emit
 
 IMAGE = "docker.io/bench/web:v1"
 
@@ -179,11 +180,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--md", type=Path)
     args = ap.parse_args(argv)
     result = await run(args.rounds, args.quiet)
-    print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-    if args.md:
-        args.md.write_text(markdown(result))
+    emit(result, args.json, args.md, markdown)
     return result
 
 

@@ -91,7 +91,7 @@ async def test_a_rename_split_over_two_concurrent_batches_never_loses_the_object
     make_harness: Any, kube: KubeCluster, namespace: str
 ) -> None:
     h: Harness = await make_harness()
-    assert h.consumer.concurrency == 4
+    assert h.consumer.concurrency == 16
     for i in range(4):
         old = h.write(f"before-{i}.yaml", [cm(f"moving-{i}", namespace, v=str(i))])
         assert isinstance((await h.sync(old))[old], Ack)

@@ -13,7 +13,7 @@ Configure it as::
     namespace = "kube-system"                  # where the ApplySet parents live
     prune = true
     dry_run = false
-    concurrency = 4                            # batches at once: a stuck file does not hold back the rest
+    concurrency = 16                           # batches at once: a stuck file does not hold back the rest
     move_grace = "5s"                          # a deleted file's objects wait for a move target; 0 = off
 """
 

@@ -2,9 +2,14 @@
 
 Apply, for one file::
 
-    read parent → resolve kinds → widen parent (old ∪ new group/kinds, namespaces)
+    parent as known (``_parents``: listed once, then from write answers) → resolve kinds
+    → widen parent (old ∪ new group/kinds, namespaces; only when it does not hold them already)
     → server-side apply by rank (CRDs; wait Established + rediscover; Namespaces; ...; the rest)
-    → prune members that left the file → write parent (new sets, content hash, inventory)
+    → prune members that left the file → write parent (new sets, content hash, inventory; no request
+      when the widening already said it)
+
+A parent that changed on the server since it was known (a precondition failed) starts the file again from a
+fresh read, once; objects are applied idempotently, so the second try only costs requests.
 
 Error policy (per object, the rest of the file is still applied): a document that cannot be parsed, or an
 object the server refuses (409 conflict with ``force`` off, 422, 403, 500 schema errors, a request that
@@ -27,13 +32,14 @@ from typing import Any
 
 from reloadd import Backoff
 
-from ._applyset import LABEL_PART_OF, ObjRef, ParentState, applyset_id, parent_body, parent_name, read_parent
+from ._applyset import LABEL_PART_OF, ObjRef, ParentState, applyset_id, parent_name
 from ._claims import Claims
 from ._client import ApiError, ApiUnavailable, KubeClient
 from ._discovery import Discovery, Resource, split_api_version
 from ._manifests import Manifest, ManifestObject
 from ._ordering import rank
 from ._outcome import FileOutcome
+from ._parents import ParentMoved, Parents
 from ._prune import Scan, delete_members, inventory_members, list_members
 from ._settings import Settings
 
@@ -101,30 +107,13 @@ class Applier:
         self._sleep = sleep
         self._sem = asyncio.Semaphore(settings.parallel)
         self.claims = Claims()
+        self.parents = Parents(client, settings.namespace, manager=settings.field_manager, tooling=tooling,
+                               dry_run=settings.dry_run)
 
     # --- parent --------------------------------------------------------------------------------------
-    def _parent_path(self, name: str) -> str:
-        return f"/api/v1/namespaces/{self.settings.namespace}/configmaps/{name}"
-
     async def _read_parent(self, name: str) -> tuple[ParentState, str]:
-        try:
-            obj = await self.client.get(self._parent_path(name))
-        except ApiError as exc:
-            if exc.status != 404 or exc.plain:
-                raise
-            obj = None
-        uid = str(((obj or {}).get("metadata") or {}).get("uid") or "")
-        return read_parent(obj, self.settings.namespace), uid
-
-    async def _write_parent(
-        self, name: str, gks: set[str], nss: set[str], source: str, sha: str, inventory: set[ObjRef], key: str = ""
-    ) -> None:
-        body = parent_body(
-            name, self.settings.namespace, tooling=self.tooling, group_kinds=gks, namespaces=nss,
-            source=source, sha256=sha, inventory=inventory, key=key,
-        )
-        await self.client.apply(self._parent_path(name), body, manager=self.settings.field_manager,
-                                force=True, dry_run=self.settings.dry_run)
+        """GET the parent (always a request: removal and moves act on what the server holds now)."""
+        return await self.parents.read(name)
 
     # --- planning ------------------------------------------------------------------------------------
     async def _plan(self, manifest: Manifest, out: FileOutcome) -> list[_Planned]:
@@ -279,12 +268,28 @@ class Applier:
             ApiError: when the parent itself cannot be read or written (e.g. 403).
             ApiUnavailable: when the server stays unreachable.
         """
+        pruned: list[str] = []
+        for attempt in (1, 2):
+            try:
+                return await self._apply_file(key, source, manifest, thorough, pruned)
+            except ParentMoved as exc:
+                if attempt == 2:
+                    raise ApiUnavailable(f"the ApplySet parent keeps changing: {exc}", str(exc)) from exc
+                self.log.info("Re-reading the ApplySet parent of %s: %s", source, exc)
+                await self.parents.read(parent_name(key))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _apply_file(
+        self, key: str, source: str, manifest: Manifest, thorough: bool, pruned: list[str]
+    ) -> FileOutcome:
+        """One try of :meth:`apply_file`; ``pruned`` carries what an earlier try deleted (:class:`ParentMoved`)."""
         name = parent_name(key)
         set_id = applyset_id(name, self.settings.namespace)
         out = FileOutcome(f"{self.settings.namespace}/{name}", set_id, manifest.sha256)
+        out.pruned = pruned
         out.errors.extend(str(e) for e in manifest.errors)
         out.unreadable = len(manifest.errors)
-        old, _uid = await self._read_parent(name)
+        old = await self.parents.state(name)
         plans = await self._plan(manifest, out)
         desired = out.desired = {p.ref for p in plans}
         await self.claims.want(key, desired)  # before anything is relabelled: no other file deletes these now
@@ -293,8 +298,9 @@ class Applier:
         if not old.exists or not (
             new_gks <= old.group_kinds and new_nss <= old.namespaces and desired <= old.inventory
         ):
-            await self._write_parent(name, old.group_kinds | new_gks, old.namespaces | new_nss, source,
-                                     old.sha256, old.inventory | desired, key)
+            # The new content's hash already: when nothing is left to prune, the final write has nothing to add.
+            await self.parents.write(name, old.group_kinds | new_gks, old.namespaces | new_nss, source,
+                                     manifest.sha256, old.inventory | desired, key)
         await self._apply_all(plans, set_id, out)
         final_gks, final_nss = old.group_kinds | new_gks, old.namespaces | new_nss
         final_inventory = old.inventory | desired  # until pruning proves the rest gone
@@ -319,7 +325,7 @@ class Applier:
             out.transient.extend(scan.waiting)  # kept in the parent below, looked at again on the retry
             if not errors and not scan.waiting:
                 final_gks, final_nss, final_inventory = new_gks, new_nss, desired
-        await self._write_parent(name, final_gks, final_nss, source, manifest.sha256, final_inventory, key)
+        await self.parents.write(name, final_gks, final_nss, source, manifest.sha256, final_inventory, key)
         return out
 
     async def members(self, key: str) -> set[ObjRef]:
@@ -356,5 +362,6 @@ class Applier:
             if errors or scan.waiting:
                 return out  # keep the parent: it is how a later pass finds the leftovers
         if uid:
-            await self.client.delete(self._parent_path(name), uid=uid, dry_run=self.settings.dry_run)
+            await self.client.delete(self.parents.path(name), uid=uid, dry_run=self.settings.dry_run)
+            self.parents.forget(name, gone=True)
         return out

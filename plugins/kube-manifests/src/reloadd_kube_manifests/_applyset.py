@@ -28,6 +28,7 @@ __all__ = [
     "ANN_NAMESPACES",
     "ANN_TOOLING",
     "LABEL_ID",
+    "LABEL_MANAGED_BY",
     "LABEL_PART_OF",
     "ObjRef",
     "ParentState",

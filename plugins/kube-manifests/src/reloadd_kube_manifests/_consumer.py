@@ -8,7 +8,7 @@ Within a batch, files that exist are applied before deleted files are removed, s
 add in one batch) re-labels the objects into the new file's set before the old set is emptied, and
 nothing is deleted.
 
-Batches run concurrently (``concurrency``, default 4), so a file stuck in retries does not hold back the
+Batches run concurrently (``concurrency``, default 16), so a file stuck in retries does not hold back the
 others. What they share is safe for that: discovery refreshes under its own lock, each file is its own
 ApplySet, and no delete pass removes an object another file wants (see ``_claims``), so a rename or a move
 split over two concurrent batches deletes nothing.

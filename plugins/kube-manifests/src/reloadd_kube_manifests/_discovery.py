@@ -1,9 +1,11 @@
 """API discovery: (group, version, kind) → resource URL, cached per group/version.
 
 The classic walk (``/api``, ``/api/v1``, ``/apis``, ``/apis/<g>/<v>``) works on every server version;
-aggregated discovery is a later optimisation 1.20 does not have. The cache of a group/version is refreshed
-when a lookup misses (rate-limited, so a manifest full of unknown kinds cannot hammer the server) and
-forcibly after a CRD of that group becomes established.
+aggregated discovery is a later optimisation 1.20 does not have. Start-up reads the group list and the core
+group; any other group/version is read the first time a lookup needs it (a folder of ConfigMaps costs 2
+requests, not the ~40 of the whole walk, nor the TLS handshakes of that many parallel requests). The cache
+of a group/version is refreshed when a lookup misses (rate-limited, so a manifest full of unknown kinds
+cannot hammer the server) and forcibly after a CRD of that group becomes established.
 
 Discovery degrades per group/version, as kubectl's does: an aggregated API whose backend is down (an
 ``APIService`` answering 503, e.g. metrics-server on k3s) only makes *that* group/version unknown, with the
@@ -107,18 +109,16 @@ class Discovery:
         self._lock = asyncio.Lock()
 
     async def load(self) -> None:
-        """Walk all groups and versions once.
+        """Read the group list and the core group; the other groups/versions are read on first use.
 
         A group/version that cannot be read (an unavailable aggregated API) is recorded as a problem
-        and skipped; only the group list itself (the API server's own ``/apis``) must answer.
+        when a lookup needs it; only the group list itself (the API server's own ``/apis``) must answer.
 
         Raises:
             ApiUnavailable: when the API server itself stays unreachable.
             ApiError: when it refuses the group list (e.g. 401/403).
         """
-        await self._load_groups()
-        gvs = [("", "v1")] + [(g, v) for g, vs in self._versions.items() for v in vs]
-        await asyncio.gather(*(self._load_gv(g, v) for g, v in gvs))
+        await asyncio.gather(self._load_groups(), self._load_gv("", "v1"))
 
     async def _load_groups(self) -> None:
         body = await self._client.get("/apis")
@@ -199,6 +199,11 @@ class Discovery:
             res = await self.resolve(f"{group}/{pref}" if group else pref, kind)
             if res is not None:
                 return res
+        for version in self._versions.get(group, []):
+            if version != pref:
+                res = await self.resolve(f"{group}/{version}" if group else version, kind)
+                if res is not None:
+                    return res
         for (g, _v), kinds in self._by_gv.items():
             if g == group and kind in kinds:
                 return kinds[kind]

@@ -40,7 +40,10 @@ class Settings:
         crd_timeout: Seconds to wait for a CRD to become established and served.
         parallel: Objects applied at once (within one apply rank).
         concurrency: Files applied at once, across batches; a file slow or stuck in retries holds one
-            slot and no other file waits for it (each file is settled as soon as it is done).
+            slot and no other file waits for it (each file is settled as soon as it is done). Default 16:
+            object requests in flight stay bounded by ``parallel`` and all requests by the client's pool of
+            16 connections, while each file's parent request overlaps other files' objects (the folder
+            first pass measured ~8 % faster than with 4).
         resync_interval: Seconds between forced passes over every file (drift correction, k3s#3711);
             0 disables them (SIGHUP still forces one).
         move_grace: Seconds the removal of a deleted file waits for a file that declares its objects (the
@@ -70,7 +73,7 @@ class Settings:
     max_file_size: int = 5 * 1024 * 1024
     crd_timeout: float = 30.0
     parallel: int = 8
-    concurrency: int = 4
+    concurrency: int = 16
     resync_interval: float = 0.0
     move_grace: float = 5.0
     max_prune: int | None = None
@@ -97,7 +100,7 @@ class Settings:
             max_file_size=opts.int("max_file_size", 5 * 1024 * 1024, minimum=1, maximum=MAX_FILE_SIZE),
             crd_timeout=opts.duration("crd_timeout", 30.0),
             parallel=opts.int("parallel", 8, minimum=1, maximum=MAX_PARALLEL),
-            concurrency=opts.int("concurrency", 4, minimum=1, maximum=MAX_CONCURRENCY),
+            concurrency=opts.int("concurrency", 16, minimum=1, maximum=MAX_CONCURRENCY),
             resync_interval=opts.duration("resync_interval", 0.0),
             move_grace=opts.duration("move_grace", 5.0),
             max_prune=opts.int("max_prune", None, minimum=0, maximum=MAX_PRUNE),
