@@ -211,6 +211,13 @@ class Ledger:
         return [r for r in self.members if r.group == group and r.kind == kind
                 and (not namespace or r.namespace == namespace)]
 
+    def applied_after(self, ref: ObjRef, resource_version: str) -> bool:
+        """Whether reloadd's apply of the member ``ref`` answered at a later resourceVersion than
+        ``resource_version`` (a list's): that list was taken before the apply, so it cannot show the object."""
+        m = self.members.get(ref)
+        rv = _rv(resource_version)
+        return m is not None and m.rv is not None and rv is not None and m.rv > rv
+
     # --- in flight -----------------------------------------------------------------------------------
     def begin(self, path: Path) -> None:
         """``path`` is being applied or removed: events about its members wait for the answer."""

@@ -70,10 +70,13 @@ async def list_members(client: KubeClient, resource: Resource, group: str, kind:
             ref = ref_of(group, kind, item)
             seen.add(ref)
             judge("MODIFIED", ref, item)
+    rv = str(((listed or {}).get("metadata") or {}).get("resourceVersion") or "")
     for ref in ledger.expected(group, kind, namespace):
-        if ref not in seen:
+        # A member whose apply answered after the list's snapshot (it joined the ledger while the list was on
+        # its way: the first pass) is not missing: the watch from this resourceVersion brings its ADDED.
+        if ref not in seen and not ledger.applied_after(ref, rv):
             judge("DELETED", ref, None)
-    return str(((listed or {}).get("metadata") or {}).get("resourceVersion") or "")
+    return rv
 
 
 class ObjectWatch:
