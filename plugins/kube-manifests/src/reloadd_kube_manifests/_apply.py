@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -144,8 +143,10 @@ class Applier:
 
     # --- applying ------------------------------------------------------------------------------------
     def _body(self, plan: _Planned, res: Resource, set_id: str) -> dict[str, Any]:
-        body: dict[str, Any] = json.loads(json.dumps(plan.obj.body))
-        meta = body["metadata"]
+        # The manifest's object stays as read: only the top level and its metadata are copied, the two dicts
+        # changed here (the rest is shared, and only serialised); a JSON round trip per object copied it all.
+        body: dict[str, Any] = dict(plan.obj.body)
+        meta = body["metadata"] = dict(body["metadata"])
         meta["labels"] = {**(meta.get("labels") or {}), LABEL_PART_OF: set_id}
         if res.namespaced:
             meta["namespace"] = plan.ref.namespace
