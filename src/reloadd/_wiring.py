@@ -234,8 +234,7 @@ class Pump:
         self.engine = engine
 
     async def run(self) -> None:
-        self.engine.busy = False
-        await self.engine.pump()
+        await self.engine.pump()  # a restarted pump starts waiting (PumpState.restart)
 
 
 def health_settling(consumer: Consumer) -> bool:

@@ -76,13 +76,6 @@ class Engine(Intake):
         """The pump is acting on events it took, or settling (see :class:`~reloadd._pipeline._pump_state.Doing`)."""
         return self.pump_state.doing is Doing.WORKING
 
-    @busy.setter
-    def busy(self, value: bool) -> None:
-        """Only ``False`` (the supervisor's reset before a restarted pump runs): the pump waits."""
-        if value:
-            raise ValueError("only the pump starts working (PumpState.take)")
-        self.pump_state.done()
-
     def release_caches(self) -> None:
         """Drop what only speeds up a burst (content digests, memoised filter verdicts, directories' parts): it is over.
 
