@@ -52,12 +52,19 @@ def _drop(path: Path, write: Any) -> None:
     os.rename(tmp, path)
 
 
-def drop_app(images: Path, manifests: Path, ns: str, app: str, command: tuple[str, ...]) -> BuiltImage:
-    """An image tarball ``<app>.tar`` and a Deployment of it ``<app>.yaml``, dropped one right after the other."""
-    image = f"docker.io/airgap/{app}:v1"
+def drop_app(images: Path, manifests: Path, ns: str, app: str, command: tuple[str, ...], *,
+             repo: str = "airgap", deadline: int | None = None) -> BuiltImage:
+    """An image tarball ``<app>.tar`` and a Deployment of it ``<app>.yaml``, dropped one right after the other.
+
+    ``repo`` keeps each test module's images apart on the shared node; ``deadline``: the Deployment's
+    ``progressDeadlineSeconds``."""
+    image = f"docker.io/{repo}/{app}:v1"
     built = busybox_image(image, command)
     _drop(images / f"{app}.tar", lambda p: write_oci_archive(p, [built]))
-    _drop(manifests / f"{app}.yaml", lambda p: p.write_text(yaml_of(deployment(app, ns, image))))
+    dep = deployment(app, ns, image)
+    if deadline is not None:
+        dep["spec"]["progressDeadlineSeconds"] = deadline
+    _drop(manifests / f"{app}.yaml", lambda p: p.write_text(yaml_of(dep)))
     return built
 
 

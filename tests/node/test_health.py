@@ -15,12 +15,12 @@ import pytest
 
 import reloadd
 from reloadd._ops._terminal import format_status
-from tests.infra import CRASH, SERVE, busybox_image, write_oci_archive
+from tests.infra import CRASH, SERVE
 from tests.kube.node import KubeNode
 from tests.waiting import until
 
-from .support import available, deployment, ensure_namespace, yaml_of
-from .test_airgap import Spans, _drop, airgap
+from .support import available, ensure_namespace
+from .test_airgap import Spans, airgap, drop_app
 
 __all__ = ["airgap"]  # the fixture, shared with the air-gap tests
 
@@ -41,15 +41,9 @@ def _to_current(r: reloadd.Reloader) -> int:
 
 def _drop_app(images: Path, manifests: Path, ns: str, app: str, command: tuple[str, ...],
               deadline: int | None = None) -> Path:
-    image = f"docker.io/health/{app}:v1"
-    built = busybox_image(image, command)
-    _drop(images / f"{app}.tar", lambda p: write_oci_archive(p, [built]))
-    dep = deployment(app, ns, image)
-    if deadline is not None:
-        dep["spec"]["progressDeadlineSeconds"] = deadline
-    path = manifests / f"{app}.yaml"
-    _drop(path, lambda p: p.write_text(yaml_of(dep)))
-    return path
+    """The air-gap tests' tarball + Deployment, under this module's image names: the manifest's path."""
+    drop_app(images, manifests, ns, app, command, repo="health", deadline=deadline)
+    return manifests / f"{app}.yaml"
 
 
 async def test_a_file_is_current_only_once_its_pod_is_ready(
