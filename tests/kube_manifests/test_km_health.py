@@ -260,7 +260,8 @@ async def test_a_consumer_after_the_manifests_waits_until_their_files_are_curren
             {"name": "manifests", "plugin": "kube-manifests", "paths": [str(root)],
              "options": {"kubeconfig": str(cluster.kubeconfig), "move_grace": "0s"}},
             {"name": "hooks", "plugin": "exec", "paths": [str(hooks)], "after": ["manifests"],
-             "options": {"command": ["sh", "-c", f"date +%s.%N > {marker}"]}},
+             # Written aside and renamed: the shell's `>` creates the marker empty before `date` writes it.
+             "options": {"command": ["sh", "-c", f"date +%s.%N > {marker}.part && mv {marker}.part {marker}"]}},
         ],
     })
     async with reloadd.Reloader(cfg) as r:
